@@ -1,0 +1,118 @@
+{{/*
+Helpers, all prefixed "gemma4-serving." (template names are global across a chart and its
+subcharts). Selector labels are built only from fixed labels (name + instance): user labels
+(commonLabels, podLabels) never enter a selector, so they can change without breaking upgrades.
+*/}}
+
+{{- define "gemma4-serving.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gemma4-serving.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A name derived from the full name: (dict "ctx" $ "suffix" "x") -> <fullname, cut>-x, <= 63 chars. */}}
+{{- define "gemma4-serving.suffixedName" -}}
+{{- $suffix := printf "-%s" .suffix }}
+{{- printf "%s%s" (include "gemma4-serving.fullname" .ctx | trunc (int (sub 63 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
+
+{{- define "gemma4-serving.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gemma4-serving.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gemma4-serving.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of the serving pods' selector: the fixed labels plus the fixed component. */}}
+{{- define "gemma4-serving.serverSelectorLabels" -}}
+{{ include "gemma4-serving.selectorLabels" . }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{- define "gemma4-serving.loadtestSelectorLabels" -}}
+{{ include "gemma4-serving.selectorLabels" . }}
+app.kubernetes.io/component: loadtest
+{{- end }}
+
+{{- define "gemma4-serving.labels" -}}
+helm.sh/chart: {{ include "gemma4-serving.chart" . }}
+{{ include "gemma4-serving.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gemma4-serving
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "gemma4-serving.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gemma4-serving.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* image reference: (dict "image" .Values.image "ctx" $) */}}
+{{- define "gemma4-serving.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the cluster serves the Prometheus Operator API (or when forced). */}}
+{{- define "gemma4-serving.hasPrometheusOperator" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}
+
+{{/* Effective metrics mode: serviceMonitor | annotations | none. */}}
+{{- define "gemma4-serving.metricsMode" -}}
+{{- $mode := .Values.metrics.mode }}
+{{- if eq $mode "auto" }}
+{{- if include "gemma4-serving.hasPrometheusOperator" . }}serviceMonitor{{ else }}annotations{{ end }}
+{{- else }}
+{{- $mode }}
+{{- end }}
+{{- end }}
+
+{{/* Rule files: every dashboards/rules/*.yaml whose top level has `groups:` (promtool test
+files next to them have `rule_files:`/`tests:` instead and are skipped). Returns a YAML list of
+{path, groups}. */}}
+{{- define "gemma4-serving.ruleFiles" -}}
+{{- $out := list }}
+{{- range $path, $_ := .Files.Glob "files/dashboards/rules/*.yaml" }}
+{{- $doc := $.Files.Get $path | fromYaml }}
+{{- if and (kindIs "map" $doc) (hasKey $doc "groups") }}
+{{- $out = append $out (dict "path" $path "groups" $doc.groups) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{- define "gemma4-serving.prometheusRuleEnabled" -}}
+{{- $v := .Values.metrics.prometheusRule.enabled }}
+{{- if eq (toString $v) "auto" }}
+{{- if include "gemma4-serving.hasPrometheusOperator" . }}true{{ end }}
+{{- else if eq (toString $v) "true" }}true
+{{- end }}
+{{- end }}
+
+{{/* The Service URL the load test targets. */}}
+{{- define "gemma4-serving.serviceURL" -}}
+{{- printf "http://%s.%s.svc:%d" (include "gemma4-serving.fullname" .) .Release.Namespace (int .Values.service.port) }}
+{{- end }}

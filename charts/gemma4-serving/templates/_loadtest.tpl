@@ -1,0 +1,132 @@
+{{/*
+The load-test Job spec, shared by the standalone Job (loadtest-job.yaml) and the `helm test`
+hook (tests/loadtest-test.yaml). Call with (dict "ctx" $ "mode" .Values.loadtest.job).
+*/}}
+{{- define "gemma4-serving.loadtestJobSpec" -}}
+{{- $ := .ctx }}
+{{- $lt := $.Values.loadtest }}
+{{- $mode := .mode }}
+{{- $settings := merge (deepCopy (default dict $mode.settings)) (deepCopy (default dict $lt.settings)) -}}
+backoffLimit: 0
+activeDeadlineSeconds: {{ $mode.activeDeadlineSeconds }}
+{{- with .ttl }}
+ttlSecondsAfterFinished: {{ . }}
+{{- end }}
+template:
+  metadata:
+    labels:
+      {{- include "gemma4-serving.labels" $ | nindent 6 }}
+      app.kubernetes.io/component: loadtest
+  spec:
+    restartPolicy: Never
+    serviceAccountName: {{ include "gemma4-serving.serviceAccountName" $ }}
+    automountServiceAccountToken: false
+    {{- with $.Values.imagePullSecrets }}
+    imagePullSecrets:
+      {{- range . }}
+      - name: {{ . }}
+      {{- end }}
+    {{- end }}
+    securityContext:
+      runAsNonRoot: true
+      runAsUser: 10001
+      runAsGroup: 10001
+      fsGroup: 10001
+      seccompProfile:
+        type: RuntimeDefault
+    {{- with $lt.nodeSelector }}
+    nodeSelector:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $lt.tolerations }}
+    tolerations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $lt.affinity }}
+    affinity:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    containers:
+      - name: loadtest
+        image: {{ include "gemma4-serving.imageRef" (dict "image" $lt.image "ctx" $) | quote }}
+        imagePullPolicy: {{ $lt.image.pullPolicy }}
+        # Wait for the server, run the sweep, mark the results, keep them fetchable, exit with
+        # slo-loadtest's code. The sweep's own arguments arrive as "$@" (never spliced into
+        # the script).
+        command:
+          - /bin/sh
+          - -c
+          - |
+            set -u
+            echo "slo-loadtest job: waiting for $SLO_LOADTEST_TARGET/health"
+            until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=5)' "$SLO_LOADTEST_TARGET" 2>/dev/null; do
+              sleep 5
+            done
+            mkdir -p "$SLO_LOADTEST_OUT"
+            rm -f "$SLO_LOADTEST_OUT/.done"
+            slo-loadtest run --target "$SLO_LOADTEST_TARGET" --out "$SLO_LOADTEST_OUT" "$@"
+            rc=$?
+            echo "$rc" > "$SLO_LOADTEST_OUT/exit_code"
+            touch "$SLO_LOADTEST_OUT/.done"
+            echo "slo-loadtest job: results ready in $SLO_LOADTEST_OUT (exit code $rc); keeping them for ${KEEP_RESULTS_SECONDS}s"
+            sleep "$KEEP_RESULTS_SECONDS"
+            exit "$rc"
+          - slo-loadtest-job
+        {{- with $mode.args }}
+        args:
+          {{- range . }}
+          - {{ toString . | quote }}
+          {{- end }}
+        {{- end }}
+        env:
+          - name: SLO_LOADTEST_TARGET
+            value: {{ include "gemma4-serving.serviceURL" $ | quote }}
+          - name: SLO_LOADTEST_OUT
+            value: /results
+          - name: KEEP_RESULTS_SECONDS
+            value: {{ $mode.keepResultsSeconds | quote }}
+          - name: HOME
+            value: /tmp
+          - name: MPLCONFIGDIR
+            value: /tmp/matplotlib
+          {{- range $key, $val := $settings }}
+          {{- if ne (upper $key) "TARGET" }}
+          - name: {{ printf "SLO_LOADTEST_%s" (upper $key) }}
+            value: {{ toString $val | quote }}
+          {{- end }}
+          {{- end }}
+          {{- with $.Values.server.apiKey.existingSecret }}
+          - name: SLO_LOADTEST_API_KEY
+            valueFrom:
+              secretKeyRef:
+                name: {{ . }}
+                key: {{ $.Values.server.apiKey.key }}
+          {{- end }}
+          {{- with $lt.extraEnv }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+        resources:
+          {{- toYaml $lt.resources | nindent 10 }}
+        securityContext:
+          runAsNonRoot: true
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities:
+            drop:
+              - ALL
+        volumeMounts:
+          - name: results
+            mountPath: /results
+          - name: tmp
+            mountPath: /tmp
+    volumes:
+      - name: results
+        {{- if $lt.results.persistence.enabled }}
+        persistentVolumeClaim:
+          claimName: {{ default (include "gemma4-serving.suffixedName" (dict "ctx" $ "suffix" "loadtest-results")) $lt.results.persistence.existingClaim }}
+        {{- else }}
+        emptyDir: {}
+        {{- end }}
+      - name: tmp
+        emptyDir: {}
+{{- end }}
