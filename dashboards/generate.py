@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Generate the Grafana dashboards and Prometheus rule files of the Gemma 4 serving stack.
 
-    python dashboards/generate.py            # (re)write dashboards/*.json and dashboards/rules/*.yaml
-    python dashboards/generate.py --check    # exit 1 if any generated file is stale (CI)
+    python dashboards/generate.py          # (re)write dashboards/*.json, dashboards/rules/*.yaml
+    python dashboards/generate.py --check  # exit 1 if any generated file is stale (CI)
 
 Everything in one config (mixin shape): selectors, stable UIDs, SLO target and windows,
 runbook base URL. Plain dicts, standard library only; YAML is emitted by a tiny writer for
@@ -198,8 +198,7 @@ def target(expr: str, legend: str, ref: str, *, instant: bool = False) -> dict[s
 
 def _targets(exprs: Iterable[tuple[str, str]], instant: bool = False) -> list[dict[str, Any]]:
     return [
-        target(e, legend, chr(ord("A") + i), instant=instant)
-        for i, (e, legend) in enumerate(exprs)
+        target(e, legend, chr(ord("A") + i), instant=instant) for i, (e, legend) in enumerate(exprs)
     ]
 
 
@@ -466,7 +465,7 @@ def serving_dashboard() -> dict[str, Any]:
         stat(
             "Error-budget burn rate (1h)",
             "How fast the error budget is spent over the last hour: (1 - compliance) / (1 - "
-            f"objective), from the recording rule gemma4:request_e2e_slo_error_ratio:rate1h "
+            "objective), from the recording rule gemma4:request_e2e_slo_error_ratio:rate1h "
             "(dashboards/rules/gemma4-slo.yaml). 1 = spending exactly the 30-day budget; "
             "14.4 sustained = the critical page threshold.",
             [
@@ -643,27 +642,6 @@ def serving_dashboard() -> dict[str, Any]:
         ),
         w=8,
     )
-    b.add(
-        timeseries(
-            "Multimodal cache hit ratio",
-            "Share of multimodal-input lookups served from vLLM's processor cache "
-            "(vllm:mm_cache_hits_total / vllm:mm_cache_queries_total, windowed). Repeated "
-            "images skip preprocessing when they hit.",
-            [
-                (
-                    divide(
-                        f"sum(rate(vllm:mm_cache_hits_total{{{s}}}[{RATE}]))",
-                        f"sum(rate(vllm:mm_cache_queries_total{{{s}}}[{RATE}]))",
-                    ),
-                    "hit ratio",
-                )
-            ],
-            "percentunit",
-            max1=True,
-        ),
-        w=8,
-    )
-
     b.row("Per pod")
     b.add(
         timeseries(
@@ -946,8 +924,7 @@ def loadtest_dashboard() -> dict[str, Any]:
             "the deployed version.",
             [
                 (
-                    f"time() - max by (workload) "
-                    f"(slo_loadtest_last_run_timestamp_seconds{{{w}}})",
+                    f"time() - max by (workload) (slo_loadtest_last_run_timestamp_seconds{{{w}}})",
                     "{{workload}}",
                 )
             ],
@@ -1029,14 +1006,15 @@ def slo_rules() -> dict[str, Any]:
     by = CONFIG["slo_by"]
     le = le_str(CONFIG["slo_seconds"])
     budget = round(1 - CONFIG["slo_objective"], 6)
-    windows = sorted({w for long, short, *_ in CONFIG["burn_windows"] for w in (long, short)},
-                     key=_seconds)
+    windows = sorted(
+        {w for long, short, *_ in CONFIG["burn_windows"] for w in (long, short)}, key=_seconds
+    )
     e2e = LATENCY_FAMILIES["e2e"]
 
     def error_ratio(w: str) -> str:
         def one(metric: str) -> str:
             return (
-                f"1 - (\n  sum by ({by}) (rate({metric}_bucket{{le=\"{le}\"}}[{w}]))\n"
+                f'1 - (\n  sum by ({by}) (rate({metric}_bucket{{le="{le}"}}[{w}]))\n'
                 f"  /\n  (sum by ({by}) (rate({metric}_count[{w}])) > 0)\n)"
             )
 
@@ -1152,9 +1130,7 @@ def serving_alerts() -> dict[str, Any]:
                 "summary": "No vLLM scrape target is up.",
                 "description": "No target of a job matching {job} has been up for 10 "
                 "minutes: no vLLM pods, or the ServiceMonitor/PrometheusRule selectors do not "
-                "match. SLO and encoder alerts cannot fire without data.".replace(
-                    "{job}", job
-                ),
+                "match. SLO and encoder alerts cannot fire without data.".replace("{job}", job),
                 "runbook_url": runbook("Gemma4VllmTargetMissing"),
             },
         },
@@ -1197,8 +1173,11 @@ def _scalar(v: Any) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     s = str(v)
-    if _PLAIN.match(s) and not s.endswith(" ") and s.lower() not in {"true", "false", "null",
-                                                                    "yes", "no", "on", "off"}:
+    if (
+        _PLAIN.match(s)
+        and not s.endswith(" ")
+        and s.lower() not in {"true", "false", "null", "yes", "no", "on", "off"}
+    ):
         try:
             float(s)
         except ValueError:

@@ -6,17 +6,19 @@ below 0.3 s), and ``vllm:time_to_first_token_seconds`` jumps from 0.1 to 0.25 s.
 records the same observations vLLM records, from the same ``IterationStats`` objects, into
 histograms whose buckets resolve 5 ms .. 60 s with boundaries at 0.1, 0.2, 0.25 and 0.3 s:
 
-=============================================== ====================== =========================
-metric                                          labels                 source in IterationStats
-=============================================== ====================== =========================
-``gemma4_request_time_to_first_token_seconds``  ``model_name, engine`` ``time_to_first_tokens_iter``
-``gemma4_request_e2e_latency_seconds``          ``model_name, engine`` ``finished_requests[*].e2e_latency``
-``gemma4_request_inter_token_latency_seconds``  ``model_name, engine`` ``inter_token_latencies_iter``
-=============================================== ====================== =========================
+* ``gemma4_request_time_to_first_token_seconds``: ``IterationStats.time_to_first_tokens_iter``
+* ``gemma4_request_e2e_latency_seconds``: ``IterationStats.finished_requests[*].e2e_latency``
+* ``gemma4_request_inter_token_latency_seconds``: ``IterationStats.inter_token_latencies_iter``
 
-Labels are the ones vLLM uses on its own ``vllm:*`` series (``model_name`` = served model
-name, ``engine`` = data-parallel engine index), so the two families join and compare 1:1:
-``gemma4_request_e2e_latency_seconds_count`` equals ``vllm:e2e_request_latency_seconds_count``.
+All three carry the labels vLLM uses on its own ``vllm:*`` series (``model_name`` = served
+model name, ``engine`` = data-parallel engine index), so the two families join and compare
+1:1: ``gemma4_request_e2e_latency_seconds_count`` equals ``vllm:e2e_request_latency_seconds_count``.
+
+vLLM 0.32 also accepts ``--custom-histogram-buckets`` (``ObservabilityConfig``), which can
+re-bucket vLLM's own families; the plugin is still used because (a) it works on the older
+versions the package supports, (b) the ``request_latency`` family is shared by e2e, queue,
+prefill, decode and inference time, so re-bucketing it multiplies five series sets, and (c)
+dashboards and rules then do not depend on a serve flag being set.
 
 How vLLM runs it (checked against vLLM 0.32, ``vllm/v1/metrics/loggers.py``,
 ``vllm/v1/engine/async_llm.py``, ``vllm/plugins/__init__.py``):
@@ -272,7 +274,7 @@ def install_fallback_hook() -> bool:
     original = async_llm.AsyncLLM.__init__
 
     @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         loggers = list(kwargs.get("stat_loggers") or [])
         if Gemma4LatencyStatLogger not in loggers:
             loggers.append(Gemma4LatencyStatLogger)
