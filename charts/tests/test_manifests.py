@@ -1,0 +1,384 @@
+"""Assertions on the rendered manifests: serve command, GPU, probes, Secrets, labels/selectors,
+security, monitoring, autoscaling and the load-test Jobs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from chartlib import (
+    API_VARIANTS,
+    FULLNAME,
+    NAMESPACE,
+    PROFILES,
+    RELEASE,
+    by_kind,
+    deployment_container,
+    one,
+    profile_file,
+    render,
+)
+
+SELECTOR = {
+    "app.kubernetes.io/name": "gemma4-serving",
+    "app.kubernetes.io/instance": RELEASE,
+    "app.kubernetes.io/component": "server",
+}
+SECRET_VALUE = "hf_THIS_MUST_NEVER_APPEAR"
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def pod_spec(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_gpu_requested_and_scheduling(profile):
+    docs = render(profile)
+    container = deployment_container(docs)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    spec = pod_spec(one(docs, "Deployment"))
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+
+
+def test_scheduling_values_pass_through():
+    spec = pod_spec(one(render("autoscaling-multi-replica"), "Deployment"))
+    assert spec["runtimeClassName"] == "nvidia"
+    assert "podAntiAffinity" in spec["affinity"]
+    (tsc,) = spec["topologySpreadConstraints"]
+    assert tsc["labelSelector"] == {"matchLabels": SELECTOR}  # filled in from the fixed labels
+
+
+def test_serve_command_env_and_default_args():
+    container = deployment_container(render("default"))
+    assert container["command"] == ["/usr/local/bin/gemma4-entrypoint"]
+    assert "args" not in container  # the blog flags come from images/entrypoint.sh
+    env = env_of(container)
+    assert env["MODEL"]["value"] == "google/gemma-4-E4B-it"
+    assert env["PORT"]["value"] == "8000"
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_extra_args_and_api_server_count():
+    container = deployment_container(render("autoscaling-multi-replica"))
+    assert container["args"] == ["--api-server-count", "2", "--max-num-seqs", "64"]
+
+
+def test_flag_override_is_appended_verbatim():
+    values = "server:\n  extraArgs: [--limit-mm-per-prompt, '{\"image\": 4}', --enable-prefix-caching]\n"
+    container = deployment_container(render(values=values))
+    assert container["args"] == ["--limit-mm-per-prompt", '{"image": 4}', "--enable-prefix-caching"]
+
+
+def test_probes():
+    container = deployment_container(render("default"))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = container["startupProbe"]
+    # weights download + load + compile warm-up: at least 20 minutes before giving up
+    budget = startup["initialDelaySeconds"] + startup["periodSeconds"] * startup["failureThreshold"]
+    assert budget >= 1200
+    assert container["livenessProbe"]["failureThreshold"] >= 3
+
+
+def test_volumes_shm_metrics_and_cache():
+    docs = render("default")
+    container = deployment_container(docs)
+    spec = pod_spec(one(docs, "Deployment"))
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert mounts["dshm"] == "/dev/shm"
+    # PROMETHEUS_MULTIPROC_DIR is a subdirectory of an emptyDir: the entrypoint wipes it
+    multiproc = env_of(container)["PROMETHEUS_MULTIPROC_DIR"]["value"]
+    assert "emptyDir" in volumes["metrics-multiproc"]
+    assert multiproc.startswith(mounts["metrics-multiproc"] + "/")
+    assert volumes["model-cache"]["persistentVolumeClaim"]["claimName"] == f"{FULLNAME}-model-cache"
+    assert env_of(container)["HF_HOME"]["value"].startswith(mounts["model-cache"] + "/")
+    pvc = one(docs, "PersistentVolumeClaim", "model-cache")
+    assert pvc["metadata"]["name"] == f"{FULLNAME}-model-cache"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_existing_claim_and_emptydir_cache():
+    docs = render(sets=("modelCache.existingClaim=weights",))
+    spec = pod_spec(one(docs, "Deployment"))
+    cache = next(v for v in spec["volumes"] if v["name"] == "model-cache")
+    assert cache["persistentVolumeClaim"]["claimName"] == "weights"
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    docs = render("minimal")
+    spec = pod_spec(one(docs, "Deployment"))
+    cache = next(v for v in spec["volumes"] if v["name"] == "model-cache")
+    assert cache == {"name": "model-cache", "emptyDir": {}}
+
+
+def test_secrets_referenced_never_inlined():
+    docs = render("default")
+    container = deployment_container(docs)
+    env = env_of(container)
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "HF_TOKEN"}
+    assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "vllm-api-key",
+        "key": "VLLM_API_KEY",
+    }
+    assert "value" not in env["HF_TOKEN"] and "value" not in env["VLLM_API_KEY"]
+    assert not by_kind(docs, "Secret")
+    lt = by_kind(docs, "Job")[0]
+    lt_env = env_of(pod_spec(lt)["containers"][0])
+    assert lt_env["SLO_LOADTEST_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "vllm-api-key"
+    # without secrets configured, no token env at all
+    env = env_of(deployment_container(render("minimal")))
+    assert "HF_TOKEN" not in env and "VLLM_API_KEY" not in env
+
+
+def test_inline_secret_values_rejected():
+    from chartlib import helm
+
+    for key in ("model.hfToken.value", "model.hfToken.token", "server.apiKey.value"):
+        proc = helm("template", "x", str(profile_file("default").parents[1]),
+                    "--set", f"{key}={SECRET_VALUE}", check=False)  # fmt: skip
+        assert proc.returncode != 0
+        assert "additional properties" in proc.stderr
+        assert SECRET_VALUE not in proc.stdout
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_security_context(profile):
+    for doc in render(profile):
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        spec = pod_spec(doc)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] != 0
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["runAsNonRoot"] is True
+            assert sc.get("privileged") is not True
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("api", list(API_VARIANTS))
+def test_selectors_match_labels(profile, api):
+    docs = render(profile, api=api)
+    dep = one(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"] == SELECTOR
+    assert SELECTOR.items() <= pod_labels.items()
+    svc = one(docs, "Service")
+    assert svc["spec"]["selector"] == SELECTOR
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        assert pdb["spec"]["selector"]["matchLabels"] == SELECTOR
+    for np in by_kind(docs, "NetworkPolicy"):
+        assert np["spec"]["podSelector"]["matchLabels"] == SELECTOR
+    for sm in by_kind(docs, "ServiceMonitor"):
+        # the ServiceMonitor selects the Service by its labels
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    for job in by_kind(docs, "Job"):
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == "loadtest"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+    for scaler in by_kind(docs, "ScaledObject") + by_kind(docs, "HorizontalPodAutoscaler"):
+        ref = scaler["spec"]["scaleTargetRef"]
+        assert (ref["kind"], ref["name"]) == ("Deployment", dep["metadata"]["name"])
+
+
+def test_user_labels_never_enter_selectors():
+    docs = render(sets=("commonLabels.team=vision", "podLabels.tier=gpu"))
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["selector"]["matchLabels"] == SELECTOR
+    assert dep["metadata"]["labels"]["team"] == "vision"
+    assert dep["spec"]["template"]["metadata"]["labels"]["tier"] == "gpu"
+    assert one(docs, "Service")["spec"]["selector"] == SELECTOR
+
+
+def test_helpers_are_prefixed_with_the_chart_name():
+    from chartlib import CHART
+
+    names = []
+    for tpl in (CHART / "templates").rglob("*.tpl"):
+        names += re.findall(r'define "([^"]+)"', tpl.read_text())
+    assert names and all(n.startswith("gemma4-serving.") for n in names), names
+
+
+def test_service_monitor_values():
+    docs = render("autoscaling-multi-replica", api="operator")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    ep = sm["spec"]["endpoints"][0]
+    assert ep["path"] == "/metrics"
+    assert ep["interval"] == "15s"
+    assert ep["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    ]
+    pr = one(docs, "PrometheusRule")
+    assert pr["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_scrape_annotations_without_operator():
+    docs = render("default", api="no-operator")
+    svc = one(docs, "Service")
+    assert svc["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+    # pods are not annotated as well (that would scrape every target twice)
+    dep = one(docs, "Deployment")
+    assert "prometheus.io/scrape" not in dep["spec"]["template"]["metadata"].get("annotations", {})
+    # with the operator there are no annotations; the override forces either way
+    assert "annotations" not in one(render("default", api="operator"), "Service")["metadata"]
+    forced = render("default", api="operator", sets=("metrics.mode=annotations",))
+    assert not by_kind(forced, "ServiceMonitor")
+    forced = render("default", api="no-operator", sets=("metrics.mode=serviceMonitor",))
+    assert len(by_kind(forced, "ServiceMonitor")) == 1
+    none = render("minimal", api="operator")
+    assert not by_kind(none, "ServiceMonitor") and not by_kind(none, "PrometheusRule")
+    assert "annotations" not in one(none, "Service")["metadata"]
+
+
+def test_keda_scaledobject_uses_the_slo_query():
+    docs = render("autoscaling-multi-replica")
+    so = one(docs, "ScaledObject")
+    assert not by_kind(docs, "HorizontalPodAutoscaler")
+    dep = one(docs, "Deployment")
+    assert "replicas" not in dep["spec"]
+    assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 8)
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metricType"] == "Value"
+    meta = trigger["metadata"]
+    assert meta["serverAddress"] == "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
+    assert meta["threshold"] == "0.05"
+    query = meta["query"]
+    sel = f'namespace="{NAMESPACE}",service="{FULLNAME}"'
+    assert f'gemma4_request_e2e_latency_seconds_bucket{{le="0.3",{sel}}}' in query
+    assert f"gemma4_request_e2e_latency_seconds_count{{{sel}}}" in query
+    assert "{{" not in query and "waiting" not in query  # templated; SLO signal, not queue depth
+    assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+
+
+def test_keda_query_is_a_value():
+    query = 'histogram_quantile(0.95, sum by (le) (rate(x_bucket{ns="{{ .Release.Namespace }}"}[1m])))'
+    values = yaml.safe_dump({"autoscaling": {"keda": {"query": query, "threshold": "0.25"}}})
+    docs = render("autoscaling-multi-replica", values=values)
+    meta = one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]
+    assert meta["query"] == query.replace("{{ .Release.Namespace }}", NAMESPACE)
+    assert meta["threshold"] == "0.25"
+
+
+def test_hpa_on_external_slo_metric():
+    docs = render("no-prometheus-operator")
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    assert not by_kind(docs, "ScaledObject")
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"] == {
+        "name": "gemma4_e2e_slo_violation_ratio",
+        "selector": {"matchLabels": {"namespace": NAMESPACE, "service": FULLNAME}},
+    }
+    assert metric["external"]["target"] == {"type": "Value", "value": "50m"}
+    pods = render("no-prometheus-operator", sets=("autoscaling.hpa.metricType=Pods",))
+    (metric,) = one(pods, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "50m"}
+
+
+def test_pdb_and_network_policy():
+    docs = render("autoscaling-multi-replica")
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": SELECTOR}}
+    np = one(docs, "NetworkPolicy")
+    peers = np["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": {**SELECTOR, "app.kubernetes.io/component": "loadtest"}}} in peers
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}} in peers
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert not by_kind(render("default"), "NetworkPolicy")  # opt-in
+
+
+def loadtest_jobs(docs: list[dict]) -> dict[str, dict]:
+    jobs = {}
+    for job in by_kind(docs, "Job"):
+        hook = job["metadata"].get("annotations", {}).get("helm.sh/hook")
+        jobs["test" if hook == "test" else "job"] = job
+    return jobs
+
+
+def test_loadtest_helm_test_hook():
+    jobs = loadtest_jobs(render("default"))
+    assert set(jobs) == {"test"}  # the standalone Job is opt-in
+    job = jobs["test"]
+    ann = job["metadata"]["annotations"]
+    assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0
+    assert 0 < spec["activeDeadlineSeconds"] <= 900
+    container = pod_spec(job)["containers"][0]
+    env = env_of(container)
+    assert env["SLO_LOADTEST_TARGET"]["value"] == f"http://{FULLNAME}.{NAMESPACE}.svc:8000"
+    assert env["SLO_LOADTEST_OUT"]["value"] == "/results"
+    assert env["SLO_LOADTEST_RATES"]["value"] == "1,2"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/results" in mounts
+    assert not loadtest_jobs(render("minimal"))
+
+
+def test_loadtest_standalone_job():
+    docs = render("autoscaling-multi-replica")
+    job = loadtest_jobs(docs)["job"]
+    assert re.fullmatch(rf"{FULLNAME}-loadtest-r\d+", job["metadata"]["name"])
+    assert "annotations" not in job["metadata"]
+    spec = job["spec"]
+    assert spec["ttlSecondsAfterFinished"] == 86400
+    assert spec["activeDeadlineSeconds"] == 3600
+    assert pod_spec(job)["restartPolicy"] == "Never"
+    env = env_of(pod_spec(job)["containers"][0])
+    assert env["SLO_LOADTEST_RATES"]["value"] == "1..20"
+    assert env["KEEP_RESULTS_SECONDS"]["value"] == "900"
+    results = next(v for v in pod_spec(job)["volumes"] if v["name"] == "results")
+    claim = results["persistentVolumeClaim"]["claimName"]
+    assert claim == f"{FULLNAME}-loadtest-results"
+    assert one(docs, "PersistentVolumeClaim", "loadtest-results")["metadata"]["name"] == claim
+
+
+def test_dashboards_configmaps_from_files():
+    from chartlib import DASHBOARDS
+
+    docs = render("default")
+    cms = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard")]
+    files = sorted(DASHBOARDS.glob("*.json"))
+    assert len(cms) == len(files)
+    shipped = {k: v for c in cms for k, v in c["data"].items()}
+    for f in files:
+        # byte-identical: never parsed or templated by Helm ({{legend}} survives)
+        assert shipped[f.name] == f.read_text()
+    for c in cms:
+        assert c["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert c["metadata"]["annotations"]["grafana_folder"] == "Gemma 4 serving"
+    assert not [c for c in by_kind(render("minimal"), "ConfigMap")]
+
+
+def test_image_reference():
+    assert deployment_container(render())["image"] == "gemma4-serving:0.1.0"
+    digest = "sha256:" + "a" * 64
+    c = deployment_container(render(sets=("image.repository=reg.example/g4", f"image.digest={digest}")))
+    assert c["image"] == f"reg.example/g4@{digest}"
+
+
+def test_every_profile_is_valid_yaml_with_comments_only_header():
+    for profile in PROFILES:
+        data = yaml.safe_load(profile_file(profile).read_text())
+        assert isinstance(data, dict) and data
