@@ -24,6 +24,18 @@ RULE_TESTS_DIR = RULES_DIR / "tests"
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__range_s", "__all"}
 
 
+def load_module(name: str) -> ModuleType:
+    """Import dashboards/<name>.py (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"dashboards_{name}", DASHBOARDS_DIR / f"{name}.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def load_generator() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "dashboards_generate", DASHBOARDS_DIR / "generate.py"

@@ -192,3 +192,13 @@ def test_queries_parse_as_promql(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"groups": [{"name": "q", "rules": rules}]}))
     out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_loadtest_names_match_the_loadtest_package() -> None:
+    """Every slo_loadtest_* name the loadtest package writes is one the dashboard knows."""
+    src = dashlib.REPO / "loadtest" / "src"
+    written = {
+        m for f in src.rglob("*.py") for m in re.findall(r"slo_loadtest_[a-z0-9_]+", f.read_text())
+    }
+    unknown = written - set(gen.LOADTEST_METRICS)
+    assert not unknown, f"loadtest pushes metrics the dashboard does not use: {unknown}"
