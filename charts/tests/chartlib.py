@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import tempfile
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ def values_file(text: str) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render(
     chart: str,
     profile: str | None,
@@ -126,7 +126,7 @@ def render(
     return _parse(render_text(profile, kube_version, api, sets, chart, namespace, values))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(text: str) -> list[dict[str, Any]]:
     """Parsed documents (cached and shared: callers that change one deep-copy it first)."""
     return [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d]

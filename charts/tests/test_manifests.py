@@ -72,7 +72,9 @@ def test_extra_args_and_api_server_count():
 
 
 def test_flag_override_is_appended_verbatim():
-    values = "server:\n  extraArgs: [--limit-mm-per-prompt, '{\"image\": 4}', --enable-prefix-caching]\n"
+    values = (
+        "server:\n  extraArgs: [--limit-mm-per-prompt, '{\"image\": 4}', --enable-prefix-caching]\n"
+    )
     container = deployment_container(render(values=values))
     assert container["args"] == ["--limit-mm-per-prompt", '{"image": 4}', "--enable-prefix-caching"]
 
@@ -142,8 +144,14 @@ def test_inline_secret_values_rejected():
     from chartlib import helm
 
     for key in ("model.hfToken.value", "model.hfToken.token", "server.apiKey.value"):
-        proc = helm("template", "x", str(profile_file("default").parents[1]),
-                    "--set", f"{key}={SECRET_VALUE}", check=False)  # fmt: skip
+        proc = helm(
+            "template",
+            "x",
+            str(profile_file("default").parents[1]),
+            "--set",
+            f"{key}={SECRET_VALUE}",
+            check=False,
+        )
         assert proc.returncode != 0
         assert "additional properties" in proc.stderr
         assert SECRET_VALUE not in proc.stdout
@@ -272,7 +280,9 @@ def test_keda_scaledobject_uses_the_slo_query():
 
 
 def test_keda_query_is_a_value():
-    query = 'histogram_quantile(0.95, sum by (le) (rate(x_bucket{ns="{{ .Release.Namespace }}"}[1m])))'
+    query = (
+        'histogram_quantile(0.95, sum by (le) (rate(x_bucket{ns="{{ .Release.Namespace }}"}[1m])))'
+    )
     values = yaml.safe_dump({"autoscaling": {"keda": {"query": query, "threshold": "0.25"}}})
     docs = render("autoscaling-multi-replica", values=values)
     meta = one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]
@@ -302,8 +312,12 @@ def test_pdb_and_network_policy():
     assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": SELECTOR}}
     np = one(docs, "NetworkPolicy")
     peers = np["spec"]["ingress"][0]["from"]
-    assert {"podSelector": {"matchLabels": {**SELECTOR, "app.kubernetes.io/component": "loadtest"}}} in peers
-    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}} in peers
+    assert {
+        "podSelector": {"matchLabels": {**SELECTOR, "app.kubernetes.io/component": "loadtest"}}
+    } in peers
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}
+    } in peers
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert not by_kind(render("default"), "NetworkPolicy")  # opt-in
 
@@ -358,7 +372,9 @@ def test_dashboards_configmaps_from_files():
     from chartlib import DASHBOARDS
 
     docs = render("default")
-    cms = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard")]
+    cms = [
+        c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard")
+    ]
     files = sorted(DASHBOARDS.glob("*.json"))
     assert len(cms) == len(files)
     shipped = {k: v for c in cms for k, v in c["data"].items()}
@@ -374,7 +390,9 @@ def test_dashboards_configmaps_from_files():
 def test_image_reference():
     assert deployment_container(render())["image"] == "gemma4-serving:0.1.0"
     digest = "sha256:" + "a" * 64
-    c = deployment_container(render(sets=("image.repository=reg.example/g4", f"image.digest={digest}")))
+    c = deployment_container(
+        render(sets=("image.repository=reg.example/g4", f"image.digest={digest}"))
+    )
     assert c["image"] == f"reg.example/g4@{digest}"
 
 

@@ -34,7 +34,12 @@ COMBOS = [(p, k, a) for p in PROFILES for k in KUBE_VERSIONS for a in API_VARIAN
 
 
 def test_profiles_present():
-    assert set(PROFILES) == {"default", "minimal", "autoscaling-multi-replica", "no-prometheus-operator"}
+    assert set(PROFILES) == {
+        "default",
+        "minimal",
+        "autoscaling-multi-replica",
+        "no-prometheus-operator",
+    }
 
 
 def test_lint_strict_defaults():
@@ -81,10 +86,21 @@ def test_rendered_objects_valid_for_kubernetes(profile, kube, api):
             errors.append(err)
     assert not errors, "\n".join(errors)
     kinds = {d["kind"] for d in docs}
-    unexpected = kinds - CRD_KINDS - {
-        "Deployment", "Service", "ServiceAccount", "PersistentVolumeClaim", "ConfigMap",
-        "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler", "Job",
-    }  # fmt: skip
+    unexpected = (
+        kinds
+        - CRD_KINDS
+        - {
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+            "PersistentVolumeClaim",
+            "ConfigMap",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "HorizontalPodAutoscaler",
+            "Job",
+        }
+    )
     assert not unexpected
 
 
@@ -100,7 +116,9 @@ def test_kubernetes_validation_is_strict():
 def crd_results(tmp_path_factory):
     """One node process validates every rendered combination (loading the models takes ~2 s)."""
     node = require_tool(shutil.which("node"), "node")
-    require_tool(NODE_DIR / "node_modules" / "@kubernetes-models" / "prometheus-operator", "npm models")
+    require_tool(
+        NODE_DIR / "node_modules" / "@kubernetes-models" / "prometheus-operator", "npm models"
+    )
     require_tool(NODE_DIR / "node_modules" / "@kubernetes-models" / "keda", "npm KEDA models")
     tmp = tmp_path_factory.mktemp("crds")
     files = {}
@@ -174,7 +192,16 @@ def test_packaged_chart_renders_the_same(tmp_path):
     assert all(n.endswith(".json") or n.startswith("rules/") for n in shipped), shipped
     assert not [n for n in shipped if n.endswith(".py") or "tests/" in n], shipped
     packaged = helm(
-        "template", "rel", str(tgz), "--namespace", "serve", "--kube-version", "1.37.0",
-        "--api-versions", "monitoring.coreos.com/v1", "-f", str(profile_file("default")),
-    ).stdout  # fmt: skip
+        "template",
+        "rel",
+        str(tgz),
+        "--namespace",
+        "serve",
+        "--kube-version",
+        "1.37.0",
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "-f",
+        str(profile_file("default")),
+    ).stdout
     assert packaged == render_text("default", "1.37.0", "operator")

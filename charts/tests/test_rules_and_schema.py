@@ -1,0 +1,257 @@
+"""The chart ships dashboards/ and dashboards/rules/ through one symlink (no second copy), the
+PrometheusRule carries exactly the rule files' groups, bad values are rejected by the schema with a
+readable message, and NOTES.txt tells commands that match the rendered labels."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from chartlib import (
+    CHART,
+    FULLNAME,
+    NAMESPACE,
+    RELEASE,
+    RULES,
+    by_kind,
+    helm,
+    install_dry_run,
+    one,
+    render,
+    require_tool,
+)
+
+
+def rule_files() -> list:
+    """Rule files as the chart selects them: dashboards/rules/*.yaml with a top-level `groups:`
+    (promtool unit-test files next to them are skipped)."""
+    out = []
+    for path in sorted(RULES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if isinstance(doc, dict) and "groups" in doc:
+            out.append((path, doc))
+    return out
+
+
+def test_dashboards_are_a_symlink_not_a_copy():
+    link = CHART / "files" / "dashboards"
+    assert link.is_symlink(), "charts/gemma4-serving/files/dashboards must link to dashboards/"
+    assert os.readlink(link) == "../../../dashboards"
+    assert link.resolve() == RULES.parent.resolve()
+    # nothing else under files/ may hold dashboards or rules
+    others = [p for p in (CHART / "files").iterdir() if p.name != "dashboards"]
+    assert not others, others
+
+
+def test_prometheus_rule_groups_equal_the_rule_files():
+    pr = one(render("default", api="operator"), "PrometheusRule")
+    expected = [g for _, doc in rule_files() for g in doc["groups"]]
+    assert expected, "no rule files in dashboards/rules"
+    assert pr["spec"]["groups"] == expected
+    names = pr["metadata"]["annotations"]["gemma4-serving/rule-files"].split(",")
+    assert names == [p.name for p, _ in rule_files()]
+
+
+def test_rendered_rules_pass_promtool(tmp_path):
+    promtool = require_tool(shutil.which("promtool"), "promtool")
+    pr = one(render("default", api="operator"), "PrometheusRule")
+    path = tmp_path / "rendered-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}, sort_keys=False))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_rules_and_dashboards_follow_new_files(tmp_path):
+    """A new dashboard or rule file appears in the chart with no chart change (symlink +
+    Files.Glob), and Grafana's {{legend}} syntax passes through untouched."""
+    chart = tmp_path / "gemma4-serving"
+    shutil.copytree(CHART, chart, symlinks=True, ignore=shutil.ignore_patterns("dashboards"))
+    dash = tmp_path / "dashboards"
+    (dash / "rules").mkdir(parents=True)
+    (chart / "files" / "dashboards").symlink_to("../../dashboards")
+    board = '{"uid": "x1", "title": "X", "panels": [{"legendFormat": "{{pod}} {{ .Values }}"}]}\n'
+    (dash / "x-board.json").write_text(board)
+    rules = {
+        "groups": [
+            {
+                "name": "x",
+                "rules": [
+                    {
+                        "alert": "A",
+                        "expr": "up == 0",
+                        "annotations": {"summary": "{{ $labels.pod }} down"},
+                    }
+                ],
+            }
+        ]
+    }
+    (dash / "rules" / "x.yaml").write_text(yaml.safe_dump(rules))
+    (dash / "rules" / "x-test.yaml").write_text("rule_files: [x.yaml]\ntests: []\n")
+    docs = render("default", api="operator", chart=chart)
+    (cm,) = [
+        c for c in by_kind(docs, "ConfigMap") if "grafana_dashboard" in c["metadata"]["labels"]
+    ]
+    assert cm["data"] == {"x-board.json": board}
+    assert cm["metadata"]["name"] == f"{FULLNAME}-dashboard-x-board"
+    assert one(docs, "PrometheusRule")["spec"]["groups"] == rules["groups"]
+    # no rule files: no PrometheusRule at all (an empty one would be rejected)
+    (dash / "rules" / "x.yaml").unlink()
+    docs = render("default", api="operator", chart=chart, sets=("nameOverride=norules",))
+    assert not by_kind(docs, "PrometheusRule")
+
+
+BAD_VALUES = [
+    ("autoscaling.kind=vpa", "/autoscaling/kind", "value must be one of 'hpa', 'keda'"),
+    ("autoscaling.enabled=true", "/autoscaling/keda/serverAddress", "minLength"),
+    ("metrics.mode=prometheus", "/metrics/mode", "value must be one of"),
+    (
+        "metrics.prometheusRule.enabled=maybe",
+        "/metrics/prometheusRule/enabled",
+        "value must be one of",
+    ),
+    ("server.port=70000", "/server/port", "maximum"),
+    ("replicaCount=-1", "/replicaCount", "minimum"),
+    ("probes.startup.failureThreshold=0", "/probes/startup/failureThreshold", "minimum"),
+    ("probes.readiness.path=health", "/probes/readiness/path", "does not match pattern"),
+    (
+        "securityContext.allowPrivilegeEscalation=true",
+        "/securityContext/allowPrivilegeEscalation",
+        "value must be false",
+    ),
+    ("securityContext.privileged=true", "/securityContext/privileged", "value must be false"),
+    (
+        "podSecurityContext.runAsNonRoot=false",
+        "/podSecurityContext/runAsNonRoot",
+        "value must be true",
+    ),
+    ("image.digest=latest", "/image/digest", "does not match pattern"),
+    ("image.pullPolicy=Sometimes", "/image/pullPolicy", "value must be one of"),
+    ("model.hfToken.value=hf_x", "/model/hfToken", "additional properties 'value' not allowed"),
+    ("servre.port=1", "", "additional properties 'servre' not allowed"),
+    ("resources.limits.memory=lots", "/resources/limits/memory", "does not match pattern"),
+    (
+        "metrics.serviceMonitor.interval=15sec",
+        "/metrics/serviceMonitor/interval",
+        "does not match pattern",
+    ),
+    ("autoscaling.minReplicas=0", "/autoscaling/minReplicas", "minimum"),
+    ("loadtest.job.activeDeadlineSeconds=5", "/loadtest/job/activeDeadlineSeconds", "minimum"),
+    (
+        "modelCache.accessModes={ReadWriteSometimes}",
+        "/modelCache/accessModes/0",
+        "value must be one of",
+    ),
+]
+
+
+@pytest.mark.parametrize(("setting", "path", "message"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_bad_values_rejected_with_readable_error(setting, path, message):
+    proc = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+    assert proc.returncode != 0, f"{setting} was accepted"
+    err = proc.stderr
+    assert "values don't meet the specifications of the schema" in err
+    assert f"at '{path}'" in err and message in err, err
+
+
+CROSS_FIELD = [
+    (
+        (
+            "autoscaling.enabled=true",
+            "autoscaling.keda.serverAddress=http://p:9090",
+            "autoscaling.minReplicas=5",
+            "autoscaling.maxReplicas=2",
+        ),
+        "autoscaling.minReplicas (5) must be <= autoscaling.maxReplicas (2)",
+    ),
+    (
+        ("podDisruptionBudget.maxUnavailable=null",),
+        "podDisruptionBudget: set maxUnavailable or minAvailable",
+    ),
+    (("modelCache.enabled=false", "modelCache.existingClaim=w"), "modelCache.existingClaim is set"),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), CROSS_FIELD, ids=["replicas", "pdb", "claim"])
+def test_cross_field_checks(sets, message):
+    args = [a for s in sets for a in ("--set", s)]
+    proc = helm("template", RELEASE, str(CHART), *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_values_schema_is_generated_and_current():
+    gen = CHART.parent / "gen_values_schema.py"
+    proc = subprocess.run([sys.executable, str(gen), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_value_is_documented_in_the_schema():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v, s, path):
+        if "$ref" in s:
+            s = schema["definitions"][s["$ref"].split("/")[-1]]
+        if isinstance(v, dict) and "properties" in s and s.get("additionalProperties") is False:
+            for key, sub in v.items():
+                assert key in s["properties"], f"{path}.{key} missing from values.schema.json"
+                walk(sub, s["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "")
+
+
+# ---- NOTES.txt ---------------------------------------------------------------------------
+
+
+def label_selectors(text: str) -> list[dict[str, str]]:
+    out = []
+    for sel in re.findall(r"-l (\S+)", text):
+        out.append(dict(kv.split("=", 1) for kv in sel.split(",")))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["default", "autoscaling-multi-replica"])
+def test_notes_commands_match_rendered_objects(profile):
+    release = install_dry_run(profile=profile)
+    notes = release["info"]["notes"]
+    docs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
+    docs += [d for h in release.get("hooks", []) for d in yaml.safe_load_all(h["manifest"]) if d]
+    selectors = label_selectors(notes)
+    assert selectors
+    pod_labels = [
+        d["spec"]["template"]["metadata"]["labels"]
+        for d in docs
+        if d["kind"] in ("Deployment", "Job")
+    ]
+    cm_labels = [d["metadata"]["labels"] for d in docs if d["kind"] == "ConfigMap"]
+    for sel in selectors:
+        targets = cm_labels if "grafana_dashboard" in sel else pod_labels
+        assert any(sel.items() <= labels.items() for labels in targets), f"-l {sel} matches nothing"
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for svc in re.findall(r"svc/(\S+)", notes):
+        if not svc.startswith("<"):
+            assert ("Service", svc) in names
+    for dep in re.findall(r"deploy/(\S+)", notes):
+        assert ("Deployment", dep) in names
+    for ns in re.findall(r"-n (\S+)", notes):
+        assert ns in (NAMESPACE, "monitoring")
+    for uid in re.findall(r"/d/(\S+)", notes):
+        assert any(
+            f'"uid": "{uid}"' in c["data"][k] for c in by_kind(docs, "ConfigMap") for k in c["data"]
+        )
+    assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
+    assert "/results" in notes and 'le="0.3"' in notes
+
+
+def test_notes_warn_without_token_and_follow_metrics_mode():
+    notes = install_dry_run(profile="minimal")["info"]["notes"]
+    assert "WARNING: model.hfToken.existingSecret is empty" in notes
+    assert "metrics.mode=none" in notes
+    notes = install_dry_run("metrics.mode=serviceMonitor", profile="default")["info"]["notes"]
+    assert f"ServiceMonitor {NAMESPACE}/{FULLNAME}" in notes
+    assert "WARNING" not in notes
