@@ -1,0 +1,102 @@
+"""CUDA-graph capture of one encoder pass for bucketed batch sizes (CUDA only).
+
+A replay runs the kernels recorded at capture, so bits match the eager pass with the same
+shapes; what graphs remove is launch overhead (~100 small kernels per layer). Batch sizes are
+rounded up to a power of two; the extra rows repeat the last real item and are dropped.
+Any capture error disables that key and the caller runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ChunkFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def bucket_size(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    pixel_values: torch.Tensor
+    position_ids: torch.Tensor
+    output: torch.Tensor
+
+
+class CudaGraphRunner:
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._graphs: dict[tuple, _Captured] = {}
+        self._failed: set[tuple] = set()
+        self._pool = None
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def run(
+        self, key: tuple, fn: ChunkFn, pixel_values: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Replay (capturing on first use) ``fn`` for this batch; None means: run it eagerly."""
+        n = pixel_values.shape[0]
+        size = bucket_size(n)
+        if size > self.max_items or not pixel_values.is_cuda:
+            return None
+        full_key = (
+            *key,
+            size,
+            tuple(pixel_values.shape[1:]),
+            pixel_values.dtype,
+            position_ids.dtype,
+            pixel_values.device,
+        )
+        if full_key in self._failed:
+            return None
+        captured = self._graphs.get(full_key)
+        if captured is None:
+            try:
+                captured = self._capture(fn, pixel_values, position_ids, size)
+            except Exception:
+                logger.warning(
+                    "CUDA graph capture failed for %s; running eagerly", full_key, exc_info=True
+                )
+                self._failed.add(full_key)
+                torch.cuda.synchronize()
+                return None
+            self._graphs[full_key] = captured
+        captured.pixel_values[:n].copy_(pixel_values)
+        captured.position_ids[:n].copy_(position_ids)
+        if size > n:
+            captured.pixel_values[n:].copy_(pixel_values[-1:].expand(size - n, -1, -1))
+            captured.position_ids[n:].copy_(position_ids[-1:].expand(size - n, -1, -1))
+        captured.graph.replay()
+        # The static output is overwritten by the next replay.
+        return captured.output[:n].clone()
+
+    def _capture(
+        self, fn: ChunkFn, pixel_values: torch.Tensor, position_ids: torch.Tensor, size: int
+    ) -> _Captured:
+        n = pixel_values.shape[0]
+        reps = [min(i, n - 1) for i in range(size)]
+        static_pv = pixel_values[reps].clone()
+        static_pp = position_ids[reps].clone()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        # Warm up on a side stream (cuBLAS handles, autotuning) as torch.cuda.graphs recommends.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(static_pv, static_pp)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            output = fn(static_pv, static_pp)
+        return _Captured(graph, static_pv, static_pp, output)

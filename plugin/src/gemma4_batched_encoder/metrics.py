@@ -1,0 +1,113 @@
+"""The plugin's Prometheus metrics (names and labels: docs/architecture.md).
+
+Created lazily on first use and once per process. They live in the engine-core process; with
+PROMETHEUS_MULTIPROC_DIR set (images/entrypoint.sh does) prometheus_client writes them to files
+that vLLM's API server aggregates into its /metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+ENCODER_SECONDS_BUCKETS = (
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+)
+ITEMS_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+@dataclass(frozen=True)
+class EncoderMetrics:
+    info: Any
+    calls: Any
+    items_per_call: Any
+    seconds: Any
+    fallbacks: Any
+    verify_checks: Any
+    verify_mismatches: Any
+
+
+_lock = threading.Lock()
+_metrics: EncoderMetrics | None = None
+
+
+def get_metrics() -> EncoderMetrics:
+    global _metrics
+    with _lock:
+        if _metrics is None:
+            from prometheus_client import Counter, Gauge, Histogram
+
+            _metrics = EncoderMetrics(
+                info=Gauge(
+                    "gemma4_encoder_info",
+                    "Gemma 4 vision encoder in force (value 1).",
+                    ["mode", "cuda_graphs", "vllm_version", "plugin_version"],
+                    multiprocess_mode="max",
+                ),
+                calls=Counter(
+                    "gemma4_encoder_calls",
+                    "embed_multimodal calls that carried images or video, by encoder path.",
+                    ["path"],
+                ),
+                items_per_call=Histogram(
+                    "gemma4_encoder_items_per_call",
+                    "Video frames and images per embed_multimodal call.",
+                    ["kind"],
+                    buckets=ITEMS_BUCKETS,
+                ),
+                seconds=Histogram(
+                    "gemma4_encoder_seconds",
+                    "Time in the vision encoder (tower + projection) per embed_multimodal call.",
+                    ["path"],
+                    buckets=ENCODER_SECONDS_BUCKETS,
+                ),
+                fallbacks=Counter(
+                    "gemma4_encoder_fallbacks",
+                    "Plugin errors that fell back to the stock encoder path, by reason.",
+                    ["reason"],
+                ),
+                verify_checks=Counter(
+                    "gemma4_encoder_verify_checks",
+                    "Shadow verifications of the plugin against the stock path.",
+                ),
+                verify_mismatches=Counter(
+                    "gemma4_encoder_verify_mismatches",
+                    "Shadow verifications whose outputs were not bit-identical.",
+                ),
+            )
+            # Export the zero series up front so dashboards see them before the first event.
+            for path in ("plugin", "stock"):
+                _metrics.calls.labels(path=path)
+                _metrics.seconds.labels(path=path)
+            for kind in ("frame", "image"):
+                _metrics.items_per_call.labels(kind=kind)
+        return _metrics
+
+
+def set_info(mode: str, cuda_graphs: bool, vllm_version: str, plugin_version: str) -> None:
+    info = get_metrics().info
+    info.clear()
+    info.labels(
+        mode=mode,
+        cuda_graphs="true" if cuda_graphs else "false",
+        vllm_version=vllm_version,
+        plugin_version=plugin_version,
+    ).set(1)

@@ -1,0 +1,128 @@
+"""Per-model runtime of the plugin: fallback to stock, shadow verification, metrics, timing.
+
+vLLM-independent so that the fallback and verification logic are tested on real towers; the
+vLLM subclass passes its stock (upstream) methods in as ``stock``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import __version__
+from .encoder import BatchedVisionEncoder
+from .metrics import get_metrics, set_info
+from .settings import Settings
+from .timing import CallTimer
+
+logger = logging.getLogger("gemma4_batched_encoder")
+
+Encode = Callable[[Any], list[torch.Tensor]]
+
+
+def outputs_equal(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+class EncoderRuntime:
+    def __init__(
+        self,
+        vision_tower: nn.Module,
+        settings: Settings,
+        active: bool,
+        vllm_version: str = "none",
+    ) -> None:
+        self.settings = settings
+        self.encoder = BatchedVisionEncoder(vision_tower, settings)
+        self.active = active and not settings.disabled
+        self.metrics = get_metrics()
+        self.timer = CallTimer(lambda path, s: self.metrics.seconds.labels(path=path).observe(s))
+        self._device = next(vision_tower.parameters()).device
+        self._checks = 0
+        self._logged: set[str] = set()
+        self._call_path: str | None = None
+        set_info(
+            mode=settings.mode if self.active else "stock",
+            cuda_graphs=self.active and self.encoder.graphs_active(self._device),
+            vllm_version=vllm_version,
+            plugin_version=__version__,
+        )
+
+    # -- one embed_multimodal call ------------------------------------------------------------
+    def begin_call(self, frames: int, images: int) -> None:
+        self._call_path = "plugin" if self.active else "stock"
+        if frames:
+            self.metrics.items_per_call.labels(kind="frame").observe(frames)
+        if images:
+            self.metrics.items_per_call.labels(kind="image").observe(images)
+        self.timer.start(self._device)
+
+    def end_call(self) -> None:
+        path = self._call_path or "stock"
+        self._call_path = None
+        self.metrics.calls.labels(path=path).inc()
+        self.timer.stop(path)
+
+    # -- one modality within the call ---------------------------------------------------------
+    def run(self, plugin: Encode, stock: Encode, arg: Any) -> list[torch.Tensor]:
+        if not self.active:
+            return stock(arg)
+        try:
+            out = plugin(arg)
+        except Exception as exc:
+            return self._fallback(exc, stock, arg)
+        every = self.settings.verify_every
+        if every:
+            self._checks += 1
+            if self._checks % every == 0:
+                return self._shadow_verify(out, stock, arg)
+        return out
+
+    def _fallback(self, exc: Exception, stock: Encode, arg: Any) -> list[torch.Tensor]:
+        reason = type(exc).__name__
+        self.metrics.fallbacks.labels(reason=reason).inc()
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning(
+                "gemma4_batched_encoder: plugin encoder failed (%s); this call and later failures "
+                "use the stock path",
+                reason,
+                exc_info=True,
+            )
+        self._call_path = "stock"
+        return stock(arg)
+
+    def _shadow_verify(
+        self, out: list[torch.Tensor], stock: Encode, arg: Any
+    ) -> list[torch.Tensor]:
+        try:
+            ref = stock(arg)
+        except Exception:
+            logger.warning(
+                "gemma4_batched_encoder: stock path failed during shadow verify", exc_info=True
+            )
+            return out
+        self.metrics.verify_checks.inc()
+        if outputs_equal(out, ref):
+            return out
+        self.metrics.verify_mismatches.inc()
+        if "mismatch" not in self._logged:
+            self._logged.add("mismatch")
+            diffs = [
+                (x.float() - y.float()).abs().max().item() if x.shape == y.shape else float("inf")
+                for x, y in zip(out, ref, strict=False)
+            ]
+            logger.warning(
+                "gemma4_batched_encoder: shadow verify mismatch (max |diff| per item %s); "
+                "serving the stock result for this call",
+                diffs,
+            )
+        self._call_path = "stock"
+        return ref

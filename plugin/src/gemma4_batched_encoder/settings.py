@@ -1,0 +1,62 @@
+"""Runtime controls, read from the environment once per process (see plugin/README.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["exact", "fast"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: must be >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    disabled: bool = False
+    mode: Mode = "exact"
+    # Upper bound for the activations of one encoder pass; items beyond it go to further passes.
+    max_batch_bytes: int = 8 << 30
+    cuda_graphs: bool = True
+    # Largest captured batch (items); bigger chunks run eagerly.
+    cuda_graph_max_items: int = 128
+    verify_every: int = 0
+    compile_fast: bool = False
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        mode = os.environ.get("GEMMA4_ENCODER_MODE", "exact").strip().lower() or "exact"
+        if mode not in ("exact", "fast"):
+            raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
+        return cls(
+            disabled=_flag("GEMMA4_ENCODER_DISABLE", False),
+            mode=mode,  # type: ignore[arg-type]
+            max_batch_bytes=_int("GEMMA4_ENCODER_MAX_BATCH_BYTES", cls.max_batch_bytes),
+            cuda_graphs=_flag("GEMMA4_ENCODER_CUDA_GRAPHS", True),
+            cuda_graph_max_items=_int("GEMMA4_ENCODER_CUDA_GRAPH_MAX_ITEMS", 128),
+            verify_every=_int("GEMMA4_ENCODER_VERIFY_EVERY", 0),
+            compile_fast=_flag("GEMMA4_ENCODER_COMPILE", False),
+        )

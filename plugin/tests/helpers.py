@@ -1,0 +1,52 @@
+"""Shared builders for the plugin tests: real random towers, real inputs, and the real upstream
+vLLM model class instantiated around them (no vLLM config: only the encoder attributes the
+upstream encoding methods read are set)."""
+
+from __future__ import annotations
+
+import torch
+from gemma4_batched_encoder import synthetic as S
+from gemma4_batched_encoder.presets import VISION_PRESETS
+from torch import nn
+
+PATCH_DIM = 3 * VISION_PRESETS["tiny"]["patch_size"] ** 2
+K = VISION_PRESETS["tiny"]["pooling_kernel_size"]
+
+FRAME_480P = S.Media("frame", (21, 27), 70)  # 336x432 px, 63 tokens
+FRAME_720P = S.Media("frame", (18, 33), 70)  # 288x528 px, 66 tokens
+FRAME_FULL = S.Media("frame", (21, 30), 70)  # no padding at all
+
+
+def image(budget: int, aspect: float = 4 / 3) -> S.Media:
+    return S.Media("image", S.grid_for_budget(budget, K, aspect), budget)
+
+
+def tower(dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: object) -> nn.Module:
+    return S.build_vision_tower({**VISION_PRESETS["tiny"], **overrides}, seed=seed, dtype=dtype)
+
+
+def batch(
+    media: list[S.Media], dtype: torch.dtype, seed: int = 0
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    pvs, pps = S.make_batch(media, PATCH_DIM, K, seed=seed)
+    return [p.to(dtype) for p in pvs], pps
+
+
+def host_model(cls: type, vt: nn.Module, dtype: torch.dtype, text_hidden: int = 48) -> nn.Module:
+    """An instance of a vLLM Gemma 4 model class carrying just a vision tower and projection."""
+    from types import SimpleNamespace
+
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder
+
+    obj = cls.__new__(cls)
+    nn.Module.__init__(obj)
+    obj.vision_tower = vt
+    torch.manual_seed(123)
+    obj.embed_vision = Gemma4MultimodalEmbedder(
+        vt.config, Gemma4TextConfig(hidden_size=text_hidden)
+    ).to(dtype)
+    obj.config = SimpleNamespace(vision_config=vt.config)
+    obj.model_dtype = dtype
+    obj._enable_mm_lora = False
+    return obj
