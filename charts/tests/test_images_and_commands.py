@@ -185,3 +185,20 @@ def test_loadtest_job_script(tmp_path, health_server):
     assert got["env"]["SLO_LOADTEST_RATES"] == "1,2"
     assert got["env"]["SLO_LOADTEST_WORKLOADS"] == "text,video"
     assert "results ready" in proc.stdout
+
+
+def test_shell_scripts_pass_shellcheck(tmp_path):
+    """install-tools.sh, build.sh and the load-test Job's inline /bin/sh script."""
+    from chartlib import TOOLS
+
+    shellcheck = require_tool(TOOLS / "bin" / "shellcheck", "shellcheck")
+    job = one(render("default"), "Job")
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    (tmp_path / "job.sh").write_text(script)
+    for path, shell in (
+        (ROOT / "scripts" / "install-tools.sh", "bash"),
+        (IMAGES / "build.sh", "bash"),
+        (tmp_path / "job.sh", "sh"),
+    ):
+        proc = subprocess.run([shellcheck, "-s", shell, str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path}:\n{proc.stdout}"
