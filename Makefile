@@ -1,0 +1,76 @@
+# The contract: `make demo` runs the whole stack locally, `make test` runs every test.
+# Everything is installed by these targets from pinned versions; nothing by hand.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The machine's pip configuration may point at local wheels (e.g. a CPU-only torch that the
+# pinned torchvision cannot load beside); the lock file is installed from the package index.
+PIP := env PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT= $(PY) -m pip
+export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+# ---- environment -------------------------------------------------------------------------
+$(VENV)/.installed: requirements/cpu.lock plugin/pyproject.toml loadtest/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --no-deps -r requirements/cpu.lock
+	$(PIP) install -q --no-deps -e plugin -e loadtest
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## the development environment (.venv) from requirements/cpu.lock
+
+.PHONY: tools
+tools: ## helm, kubectl, promtool/prometheus, CRD schemas (scripts/install-tools.sh)
+	scripts/install-tools.sh
+
+.PHONY: lock
+lock: ## re-resolve requirements/cpu.in into requirements/cpu.lock
+	scripts/lock.sh
+
+.PHONY: model
+model: venv ## build the tiny random-weight Gemma 4 (.cache/models/tiny)
+	$(PY) -c 'import sys; sys.path.insert(0, "local"); import stack; print(stack.ensure_model())'
+
+# ---- the two commands ----------------------------------------------------------------------
+.PHONY: demo
+demo: venv tools ## the whole stack locally: vLLM + plugin + Prometheus + a short SLO sweep + report
+	$(PY) local/demo.py
+
+.PHONY: test
+test: venv tools lint ## ruff, unit tests and end-to-end tests against the real local stack
+	$(PY) -m pytest
+
+.PHONY: lint
+lint: venv ## ruff, dashboards up to date, shell scripts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) dashboards/generate.py --check
+	bash -n images/entrypoint.sh scripts/*.sh
+
+# ---- the rest --------------------------------------------------------------------------------
+.PHONY: up
+up: venv tools ## vLLM + Prometheus until Ctrl-C
+	$(PY) local/stack.py up
+
+.PHONY: bench
+bench: venv ## encoder benchmark on this machine: serial vs upstream-style vs plugin, side by side
+	$(PY) -m gemma4_batched_encoder.bench --preset tiny --device cpu
+
+.PHONY: image
+image: ## build the container images with docker or buildah (images/build.sh)
+	images/build.sh
+
+.PHONY: chart
+chart: tools ## render the chart with its default values
+	helm template gemma4 charts/gemma4-serving
+
+.PHONY: clean
+clean: ## remove generated state (keeps .venv and .tools)
+	rm -rf .cache build out .pytest_cache .ruff_cache

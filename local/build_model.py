@@ -1,0 +1,259 @@
+"""Write a random-weight Gemma 4 model directory that vLLM serves with `--load-format dummy`.
+
+The directory has the real Gemma 4 multimodal architecture (`Gemma4ForConditionalGeneration`),
+the real processor (image, video and audio-feature sections), a word-level tokenizer carrying
+every special token the Gemma 4 processor looks up, and a chat template that emits the image and
+video placeholders per content item. No weights are written: vLLM's dummy loader fills them, so
+the model needs no hub access and any size costs nothing on disk.
+
+    python local/build_model.py --vision tiny --text tiny --out .cache/models/tiny
+    python local/build_model.py --vision e4b  --text e4b  --out /tmp/gemma4-e4b-dummy
+
+Vision presets come from the plugin (`gemma4_batched_encoder.presets.VISION_PRESETS`) so the
+verifier, the benchmarks and the served model agree on what `tiny` and `e4b` mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+# Special tokens, in the names the Gemma 4 tokenizer config uses. The processor reads
+# image/boi/eoi/audio/boa/eoa from the tokenizer and adds <|video|> itself; without boa/eoa it
+# raises even with audio off.
+SPECIAL_TOKENS: dict[str, str] = {
+    "pad_token": "<pad>",
+    "eos_token": "<eos>",
+    "bos_token": "<bos>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+    "sot_token": "<|turn>",
+    "eot_token": "<turn|>",
+    "soc_token": "<|channel>",
+    "eoc_token": "<channel|>",
+    "think_token": "<|think|>",
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "image_token": "<|image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "audio_token": "<|audio|>",
+    "video_token": "<|video|>",
+}
+# Ordinary words: prompts made of these tokenize to exactly one token per word, so a load test
+# can size a ~500-token prompt without a model-specific tokenizer.
+WORDS = [f"w{i}" for i in range(2000)] + ["user", "model", "system", "video", "image", "describe"]
+
+TEXT_PRESETS: dict[str, dict[str, Any]] = {
+    # Two layers, hidden 64: starts in ~40 s and answers in ~0.1 s on 2 CPU cores.
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "global_head_dim": 32,
+        "hidden_size_per_layer_input": 16,
+        "num_kv_shared_layers": 0,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 512,
+        "max_position_embeddings": 8192,
+    },
+    # google/gemma-4-E4B-it's text model (42 layers, [5 sliding + 1 full] x 7, 18 KV-shared).
+    "e4b": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "hidden_size_per_layer_input": 256,
+        "num_kv_shared_layers": 18,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7,
+        "sliding_window": 512,
+        "max_position_embeddings": 131072,
+    },
+}
+
+# Gemma-style chat template: turns are <|turn>role ... <turn|>; each image/video content item
+# becomes its placeholder, which vLLM's Gemma 4 processor expands into soft tokens.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<|turn>' + role + '\n' }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'text' -%}{{ item['text'] }}"
+    "{%- elif item['type'] in ('image', 'image_url') -%}{{ '\n<|image|>\n' }}"
+    "{%- elif item['type'] in ('video', 'video_url') -%}{{ '\n<|video|>\n' }}"
+    "{%- elif item['type'] in ('audio', 'input_audio', 'audio_url') -%}{{ '\n<|audio|>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<turn|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}{%- endif -%}"
+)
+
+
+def _vision_presets() -> dict[str, dict[str, Any]]:
+    try:
+        from gemma4_batched_encoder.presets import VISION_PRESETS
+    except ImportError as exc:  # the plugin is part of the dev environment (make venv)
+        raise SystemExit("gemma4_batched_encoder is not installed: run `make venv` first") from exc
+    return VISION_PRESETS
+
+
+def build_tokenizer(out: Path) -> dict[str, int]:
+    """Write tokenizer.json + tokenizer_config.json; return the special tokens' ids."""
+    specials = list(dict.fromkeys(SPECIAL_TOKENS.values()))
+    vocab = {tok: i for i, tok in enumerate(specials + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(specials)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "backend": "tokenizers",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "processor_class": "Gemma4Processor",
+        "padding_side": "left",
+        "model_max_length": 131072,
+        "chat_template": CHAT_TEMPLATE,
+        **{k: v for k, v in SPECIAL_TOKENS.items() if k != "video_token"},
+        "extra_special_tokens": {"video_token": SPECIAL_TOKENS["video_token"]},
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE + "\n")
+    return {name: vocab[token] for name, token in SPECIAL_TOKENS.items()}
+
+
+def model_config(text: dict[str, Any], vision: dict[str, Any], ids: dict[str, int]) -> dict:
+    vocab_size = 262144 if text["hidden_size"] >= 1024 else 4096
+    text_config = {
+        "model_type": "gemma4_text",
+        "vocab_size": vocab_size,
+        "vocab_size_per_layer_input": vocab_size,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+        "pad_token_id": ids["pad_token"],
+        "eos_token_id": [ids["eos_token"], ids["eot_token"]],
+        "bos_token_id": ids["bos_token"],
+        "use_bidirectional_attention": "vision",
+        **text,
+    }
+    return {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "dtype": "bfloat16",
+        "text_config": text_config,
+        "vision_config": {"model_type": "gemma4_vision", **vision},
+        "audio_config": None,
+        "boi_token_id": ids["boi_token"],
+        "eoi_token_id": ids["eoi_token"],
+        "image_token_id": ids["image_token"],
+        "video_token_id": ids["video_token"],
+        "boa_token_id": ids["boa_token"],
+        "eoa_token_index": ids["eoa_token"],
+        "audio_token_id": ids["audio_token"],
+        "pad_token_id": ids["pad_token"],
+        "eos_token_id": [ids["eos_token"], ids["eot_token"]],
+        "bos_token_id": ids["bos_token"],
+        "tie_word_embeddings": True,
+    }
+
+
+def processor_config(vision: dict[str, Any]) -> dict:
+    common = {
+        "patch_size": vision.get("patch_size", 16),
+        "pooling_kernel_size": vision.get("pooling_kernel_size", 3),
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "image_mean": [0.0, 0.0, 0.0],
+        "image_std": [1.0, 1.0, 1.0],
+        "resample": 3,
+    }
+    return {
+        "processor_class": "Gemma4Processor",
+        "image_seq_length": vision.get("default_output_length", 280),
+        "audio_seq_length": 750,
+        "audio_ms_per_token": 40,
+        "image_processor": {
+            "image_processor_type": "Gemma4ImageProcessor",
+            "max_soft_tokens": vision.get("default_output_length", 280),
+            "do_normalize": False,
+            **common,
+        },
+        "video_processor": {
+            "video_processor_type": "Gemma4VideoProcessor",
+            "max_soft_tokens": 70,
+            "num_frames": 32,
+            "do_sample_frames": True,
+            "do_normalize": True,
+            **common,
+        },
+        "feature_extractor": {
+            "feature_extractor_type": "Gemma4AudioFeatureExtractor",
+            "feature_size": 128,
+            "sampling_rate": 16000,
+        },
+    }
+
+
+def build(vision_preset: str, text_preset: str, out: Path) -> Path:
+    vision_presets = _vision_presets()
+    if vision_preset not in vision_presets:
+        raise SystemExit(f"unknown vision preset {vision_preset!r}: {sorted(vision_presets)}")
+    if text_preset not in TEXT_PRESETS:
+        raise SystemExit(f"unknown text preset {text_preset!r}: {sorted(TEXT_PRESETS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    ids = build_tokenizer(out)
+    vision = dict(vision_presets[vision_preset])
+    files = {
+        "config.json": model_config(TEXT_PRESETS[text_preset], vision, ids),
+        "processor_config.json": processor_config(vision),
+        "generation_config.json": {
+            "bos_token_id": ids["bos_token"],
+            "eos_token_id": [ids["eos_token"], ids["eot_token"]],
+            "pad_token_id": ids["pad_token"],
+        },
+    }
+    for name, content in files.items():
+        (out / name).write_text(json.dumps(content, indent=2) + "\n")
+    return out
+
+
+def fingerprint() -> str:
+    """Changes whenever this builder or the presets change (Makefile/test caches key on it)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps(_vision_presets(), sort_keys=True).encode())
+    return digest.hexdigest()[:12]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vision", default="tiny", help="vision preset: tiny | e4b")
+    parser.add_argument("--text", default="tiny", help="text preset: tiny | e4b")
+    parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    args = parser.parse_args(argv)
+    path = build(args.vision, args.text, args.out)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Clear 400s for undecodable videos.
+
+vLLM's OpenCV video loader fails on some non-video payloads with errors that name nothing the
+client sent (a PNG sent as video/mp4 gives "Cannot cast ufunc 'subtract' input 0 from
+dtype('O')..."). This wraps `VideoMediaIO.load_bytes` in the API-server process so every
+decoding failure, and every result that is not a stack of frames, becomes a ValueError saying
+what was wrong; vLLM's OpenAI layer turns ValueError into a 400 and keeps serving.
+
+Patch ledger: vllm/multimodal/media/video.py (0.27+) or vllm/multimodal/video.py (older)
+`VideoMediaIO.load_bytes`. Drop once upstream validates decoded frames.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_CANDIDATE_MODULES = ("vllm.multimodal.media.video", "vllm.multimodal.video")
+_PATCHED_FLAG = "_gemma4_media_guard"
+
+
+class InvalidVideoError(ValueError):
+    """A video payload that cannot be decoded into frames."""
+
+
+def _describe(data: bytes) -> str:
+    head = data[:8]
+    kind = (
+        "PNG image"
+        if head.startswith(b"\x89PNG")
+        else ("JPEG image" if head.startswith(b"\xff\xd8") else f"data starting with {head!r}")
+    )
+    return f"{len(data)} bytes of {kind}"
+
+
+def check_frames(frames: Any, data: bytes) -> None:
+    """Raise InvalidVideoError unless `frames` is a non-empty [T, H, W, C] uint8 stack."""
+    shape = tuple(getattr(frames, "shape", ()))
+    dtype = str(getattr(frames, "dtype", type(frames).__name__))
+    if len(shape) != 4 or shape[0] < 1 or shape[-1] not in (1, 3, 4) or "uint8" not in dtype:
+        raise InvalidVideoError(
+            f"Invalid video: decoding {_describe(data)} gave no frames "
+            f"(shape {shape}, dtype {dtype}); send an mp4, webm or mov video"
+        )
+
+
+def guard_load_bytes(load_bytes):
+    @functools.wraps(load_bytes)
+    def wrapper(self, data: bytes, *args: Any, **kwargs: Any):
+        try:
+            result = load_bytes(self, data, *args, **kwargs)
+        except InvalidVideoError:
+            raise
+        except Exception as exc:  # any decoder failure is the client's payload, not a 500
+            raise InvalidVideoError(
+                f"Invalid video: could not decode {_describe(data)} "
+                f"({type(exc).__name__}: {exc}); send an mp4, webm or mov video"
+            ) from exc
+        media = getattr(result, "media", result)
+        frames = media[0] if isinstance(media, tuple) else media
+        check_frames(frames, data)
+        return result
+
+    setattr(wrapper, _PATCHED_FLAG, True)
+    return wrapper
+
+
+def install() -> bool:
+    """Patch vLLM's VideoMediaIO once per process; False if this vLLM has no such class."""
+    for name in _CANDIDATE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        cls = getattr(module, "VideoMediaIO", None)
+        if cls is None or not hasattr(cls, "load_bytes"):
+            continue
+        if not getattr(cls.load_bytes, _PATCHED_FLAG, False):
+            cls.load_bytes = guard_load_bytes(cls.load_bytes)
+            logger.info("gemma4_batched_encoder: video payload validation installed (%s)", name)
+        return True
+    logger.warning("gemma4_batched_encoder: no VideoMediaIO found; video validation not installed")
+    return False
