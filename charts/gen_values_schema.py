@@ -170,6 +170,7 @@ VALUES = obj(
                 "apiKey": ref("secretRef"),
                 "extraEnv": ref("envList"),
                 "shmSizeLimit": ref("quantity"),
+                "preStopSleepSeconds": integer("preStop sleep (s); 0 = none"),
             },
             required=["port", "command", "apiKey"],
         ),

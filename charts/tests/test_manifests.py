@@ -400,3 +400,14 @@ def test_every_profile_is_valid_yaml_with_comments_only_header():
     for profile in PROFILES:
         data = yaml.safe_load(profile_file(profile).read_text())
         assert isinstance(data, dict) and data
+
+
+def test_no_service_links_and_graceful_stop():
+    docs = render("default")
+    for doc in by_kind(docs, "Deployment") + by_kind(docs, "Job"):
+        assert pod_spec(doc)["enableServiceLinks"] is False  # no VLLM_PORT from a "vllm" Service
+    container = deployment_container(docs)
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    spec = pod_spec(one(docs, "Deployment"))
+    assert spec["terminationGracePeriodSeconds"] > 5
+    assert "lifecycle" not in deployment_container(render(sets=("server.preStopSleepSeconds=0",)))

@@ -21,6 +21,7 @@ template:
     restartPolicy: Never
     serviceAccountName: {{ include "gemma4-serving.serviceAccountName" $ }}
     automountServiceAccountToken: false
+    enableServiceLinks: false
     {{- with $.Values.imagePullSecrets }}
     imagePullSecrets:
       {{- range . }}
