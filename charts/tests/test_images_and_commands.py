@@ -202,3 +202,28 @@ def test_shell_scripts_pass_shellcheck(tmp_path):
     ):
         proc = subprocess.run([shellcheck, "-s", shell, str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{path}:\n{proc.stdout}"
+
+
+def test_dockerfiles_match_the_packages():
+    """What the Dockerfiles assume about plugin/ and loadtest/ holds: the entry point the build
+    asserts, the console script the load-test image runs, and a base vLLM inside the plugin's
+    supported range."""
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    plugin = tomllib.loads((ROOT / "plugin" / "pyproject.toml").read_text())["project"]
+    loadtest = tomllib.loads((ROOT / "loadtest" / "pyproject.toml").read_text())["project"]
+    assert plugin["name"] == "vllm-gemma4-batched-encoder"
+    assert "gemma4_batched_encoder" in plugin["entry-points"]["vllm.general_plugins"]
+    serving = (IMAGES / "Dockerfile").read_text()
+    assert "'gemma4_batched_encoder' in names" in serving
+    (vllm_req,) = [
+        Requirement(r) for r in plugin["optional-dependencies"]["vllm"] if r.startswith("vllm")
+    ]
+    base = re.search(r"ARG VLLM_IMAGE=vllm/vllm-openai:v([0-9.]+)", serving).group(1)
+    assert vllm_req.specifier.contains(base), f"base vLLM {base} outside {vllm_req}"
+    assert loadtest["name"] == "slo-loadtest"
+    assert "slo-loadtest" in loadtest["scripts"]
+    assert 'ENTRYPOINT ["slo-loadtest"]' in (IMAGES / "Dockerfile.loadtest").read_text()
