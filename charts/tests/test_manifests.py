@@ -382,6 +382,8 @@ def test_dashboards_configmaps_from_files():
         # byte-identical: never parsed or templated by Helm ({{legend}} survives)
         assert shipped[f.name] == f.read_text()
     for c in cms:
+        # a ConfigMap holds at most 1 MiB
+        assert sum(len(v.encode()) for v in c["data"].values()) < 1024 * 1024
         assert c["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert c["metadata"]["annotations"]["grafana_folder"] == "Gemma 4 serving"
     assert not [c for c in by_kind(render("minimal"), "ConfigMap")]
