@@ -48,9 +48,13 @@ def test_lint_strict_defaults():
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_lint_strict_profile(profile):
-    proc = helm("lint", "--strict", str(CHART), "-f", str(profile_file(profile)))
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+def test_lint_strict_profile(profile, kube):
+    """Lint also runs Helm's deprecation checks against the given Kubernetes version."""
+    args = ["lint", "--strict", str(CHART), "-f", str(profile_file(profile))]
+    proc = helm(*args, "--kube-version", kube)
     assert "0 chart(s) failed" in proc.stdout
+    assert "[WARNING]" not in proc.stdout
 
 
 # kubernetes-validate re-reads its (large) schema files on every call; the files never change
