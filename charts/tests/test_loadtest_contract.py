@@ -67,3 +67,22 @@ def test_same_service_name(release):
                "--show-only", "templates/service.yaml").stdout  # fmt: skip
     name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if "name:" in line)
     assert k8s.fullname(release) == name
+
+
+def test_every_setting_is_a_real_slo_loadtest_option():
+    """Each SLO_LOADTEST_* variable the chart sets (defaults and every profile, both Jobs) is an
+    environment variable `slo-loadtest run` reads; a typo would otherwise be ignored silently."""
+    from slo_loadtest import cli
+
+    known = {p.envvar for p in cli.run.params if p.envvar}
+    assert "SLO_LOADTEST_RATES" in known
+    from chartlib import PROFILES
+
+    for profile in PROFILES:
+        for doc in render(profile):
+            if doc["kind"] != "Job":
+                continue
+            env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
+            names = {e["name"] for e in env if e["name"].startswith("SLO_LOADTEST_")}
+            unknown = names - known - {"SLO_LOADTEST_OUT"}  # OUT: the script passes --out
+            assert not unknown, f"{profile}: {sorted(unknown)} are not slo-loadtest run options"
