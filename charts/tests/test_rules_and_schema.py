@@ -245,6 +245,7 @@ def test_notes_commands_match_rendered_objects(profile):
             f'"uid": "{uid}"' in c["data"][k] for c in by_kind(docs, "ConfigMap") for k in c["data"]
         )
     assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
+    assert f"slo-loadtest k8s fetch -n {NAMESPACE} --release {RELEASE}" in notes
     assert "/results" in notes and 'le="0.3"' in notes
 
 
