@@ -86,3 +86,22 @@ def test_every_setting_is_a_real_slo_loadtest_option():
             names = {e["name"] for e in env if e["name"].startswith("SLO_LOADTEST_")}
             unknown = names - known - {"SLO_LOADTEST_OUT"}  # OUT: the script passes --out
             assert not unknown, f"{profile}: {sorted(unknown)} are not slo-loadtest run options"
+
+
+def test_notes_fetch_command_parses_with_the_cli():
+    """The `slo-loadtest k8s fetch ...` line NOTES.txt prints is accepted by the real CLI's
+    option parser (parsed only; nothing talks to a cluster)."""
+    import shlex
+
+    from chartlib import install_dry_run
+
+    from slo_loadtest import cli
+
+    notes = install_dry_run()["info"]["notes"]
+    (line,) = [ln.strip() for ln in notes.splitlines() if "slo-loadtest k8s fetch" in ln]
+    argv = shlex.split(line)
+    assert argv[:3] == ["slo-loadtest", "k8s", "fetch"]
+    fetch = cli.cli.commands["k8s"].commands["fetch"]
+    ctx = fetch.make_context("fetch", argv[3:])
+    assert ctx.params["release"] == "rel"
+    assert ctx.params["namespace"] == "serve"
