@@ -4,6 +4,7 @@ nothing is skipped."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
@@ -69,6 +70,7 @@ def profile_file(profile: str) -> Path:
 
 
 _VALUES_DIR = Path(tempfile.mkdtemp(prefix="gemma4-chart-values-"))
+atexit.register(shutil.rmtree, _VALUES_DIR, ignore_errors=True)
 
 
 def values_file(text: str) -> Path:
