@@ -64,8 +64,10 @@ def sweep(server: stack.VllmServer, out: Path, rates: str, seconds: float) -> in
         "--tokenizer", str(server.model_path),
         "--workloads", "text,video",
         "--rates", rates,
-        "--max-seconds", str(seconds),
-        "--frames", "2", "--resolution", "160x120",
+        "--duration", str(seconds),
+        "--warmup", "2",
+        # 2-core CPU: small videos keep the client ahead of the target rate
+        "--video-frames", "2", "--video-width", "160", "--video-height", "120",
         "--out", str(out),
     ]  # fmt: skip
     print("  $", " ".join(argv))

@@ -191,17 +191,15 @@ class VllmServer:
 
 
 def chart_scrape_settings() -> dict[str, str]:
-    """interval / scrapeTimeout / path of the chart's ServiceMonitor (defaults if absent)."""
-    settings = {"interval": "15s", "scrapeTimeout": "10s", "path": "/metrics"}
-    if CHART_VALUES.exists():
-        import yaml
+    """The chart's metrics.path and metrics.serviceMonitor.{interval,scrapeTimeout}."""
+    import yaml
 
-        values = yaml.safe_load(CHART_VALUES.read_text()) or {}
-        sm = (values.get("metrics") or {}).get("serviceMonitor") or values.get("serviceMonitor")
-        for key in settings:
-            if isinstance(sm, dict) and sm.get(key):
-                settings[key] = str(sm[key])
-    return settings
+    metrics = (yaml.safe_load(CHART_VALUES.read_text()) or {})["metrics"]
+    return {
+        "path": metrics["path"],
+        "interval": metrics["serviceMonitor"]["interval"],
+        "scrapeTimeout": metrics["serviceMonitor"]["scrapeTimeout"],
+    }
 
 
 @dataclass

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Steps of one H200 sitting, each small enough for one device call (<= 10 min). The machine keeps
+# /tmp between calls while it is warm, so: stage the wheelhouse in parts, install, start the
+# servers (they outlive the call: setsid), measure, fetch. Results go to $OUT (device tool).
+#
+#   bench/gpu/h200.sh stage                 copy .whl/part-* into /tmp/parts
+#   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
+#   bench/gpu/h200.sh encoder               encoder verify + bench (torch + transformers only)
+#   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, dummy weights) in the background
+#   bench/gpu/h200.sh wait PORT...          wait for /health
+#   bench/gpu/h200.sh measure NAME PORT RATES DURATION   TTFT gap + bursts + SLO sweep (text, video)
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SITE=/tmp/site
+MODEL_DIR=/tmp/gemma4-e4b-dummy
+SERVED=gemma-4-E4B-it-dummy
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+
+cmd="${1:?step}"
+shift
+case "$cmd" in
+stage)
+  mkdir -p /tmp/parts
+  cp "$REPO"/.whl/part-* /tmp/parts/
+  ls /tmp/parts | wc -l
+  ;;
+install)
+  t0=$(date +%s)
+  mkdir -p /tmp/wh
+  cat /tmp/parts/part-* | tar -x -C /tmp/wh
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" /tmp/wh/*/*.whl "$REPO"/.whl/*.whl
+  python3 "$REPO/local/build_model.py" --vision e4b --text e4b --out "$MODEL_DIR"
+  python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
+  echo "install took $(($(date +%s) - t0)) s"
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+  ;;
+encoder)
+  cd "$REPO"
+  for mode in exact fast; do
+    python3 -m gemma4_batched_encoder.verify --preset e4b --device cuda --dtype bf16 --mode "$mode" \
+      --videos 16 --frames 6 --images 4 >"$OUT/verify-$mode.json" || echo "verify $mode: exit $?"
+    python3 -c "import json,sys; d=json.load(open('$OUT/verify-$mode.json')); print('$mode', {k: d[k] for k in ('bit_identical','max_abs_diff') if k in d})"
+  done
+  python3 -m gemma4_batched_encoder.bench --preset e4b --device cuda --dtype bf16 \
+    --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
+  ;;
+serve)
+  name="${1:?name}" port="${2:?port}"
+  shift 2
+  (
+    for kv in "$@"; do export "${kv?}"; done
+    export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port" VLLM_LAUNCHER="python3 -m vllm.entrypoints.cli.main serve"
+    export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
+    export VLLM_EXTRA_ARGS="--load-format dummy --served-model-name $SERVED --max-model-len 8192 ${EXTRA_ARGS:-}"
+    setsid nohup "$REPO/images/entrypoint.sh" >"/tmp/vllm-$name.log" 2>&1 &
+  )
+  echo "started $name on :$port"
+  ;;
+wait)
+  for port in "$@"; do
+    t0=$(date +%s)
+    until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
+      if (($(date +%s) - t0 > 560)); then
+        echo "server :$port not healthy"
+        tail -n 30 /tmp/vllm-*.log
+        exit 1
+      fi
+      sleep 5
+    done
+    echo "server :$port healthy after $(($(date +%s) - t0)) s of waiting"
+  done
+  ;;
+measure)
+  name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
+  cd "$REPO"
+  python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
+    --burst 8,16 --out "$OUT/$name-ttft.json"
+  slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads text,video \
+    --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
+    --out "/tmp/sweep-$name" --no-print-summary || echo "sweep exit $?"
+  cp "/tmp/sweep-$name/summary.json" "$OUT/$name-summary.json"
+  cp "/tmp/sweep-$name/report.md" "$OUT/$name-report.md"
+  cp /tmp/sweep-"$name"/*.png "$OUT/" 2>/dev/null || true
+  grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^gemma4_" | head -60 >"$OUT/$name-metrics.txt" || true
+  ;;
+*)
+  echo "unknown step $cmd" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Build an offline wheelhouse for a GPU host that already has torch (the air-gapped install path).
+#
+#   bench/gpu/wheelhouse.sh 0.26.0 .wheelhouse/vllm-0.26.0      # here, with network
+#   bench/gpu/install-wheelhouse.sh .wheelhouse/vllm-0.26.0 /opt/site   # there, without
+#
+# Resolves vllm==VERSION + guidellm + this repo's two packages for CPython 3.12 manylinux x86_64
+# from package metadata only, then downloads every wheel except what the host already has
+# (torch, torchvision, torchaudio, triton, nvidia-*: the host's CUDA build must stay in charge).
+set -euo pipefail
+VERSION="${1:?usage: wheelhouse.sh VLLM_VERSION OUT_DIR}"
+OUT="${2:?usage: wheelhouse.sh VLLM_VERSION OUT_DIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PY_VERSION="${PY_VERSION:-3.12}"
+GUIDELLM="${GUIDELLM:-guidellm==0.8.1}"
+EXCLUDE='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$'
+PLATFORMS=()
+for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 \
+  manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
+  PLATFORMS+=(--platform "${p}_x86_64")
+done
+export PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT=
+mkdir -p "$OUT"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+# 1. resolve (metadata only) what vLLM + guidellm need on the target. The host's torch stack is
+#    stood in for by empty placeholder wheels with a local version (`2.11.0+host` satisfies
+#    `torch==2.11.0` and sorts above it), so their CUDA dependencies are never resolved.
+mkdir -p "$TMP/placeholders"
+for spec in torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 triton==3.6.0; do
+  python3 - "$TMP/placeholders" "${spec%%==*}" "${spec##*==}+host" <<'PY'
+import sys, zipfile
+out, name, version = sys.argv[1:]
+dist = f"{name}-{version}.dist-info"
+with zipfile.ZipFile(f"{out}/{name}-{version}-py3-none-any.whl", "w") as whl:
+    whl.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    whl.writestr(f"{dist}/RECORD", "")
+PY
+done
+python3 -m pip install -q --dry-run --ignore-installed --report "$TMP/report.json" \
+  --find-links "$TMP/placeholders" \
+  --only-binary=:all: --python-version "$PY_VERSION" --implementation cp "${PLATFORMS[@]}" \
+  --target "$TMP/target" "vllm==$VERSION" "$GUIDELLM"
+python3 - "$TMP/report.json" "$EXCLUDE" >"$TMP/pins.txt" <<'PY'
+import json, re, sys
+report, exclude = json.load(open(sys.argv[1])), re.compile(sys.argv[2])
+for item in report["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if not exclude.match(name.lower().replace("_", "-")):
+        print(f"{name}=={version}")
+PY
+# 2. download exactly those wheels
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
+  --implementation cp "${PLATFORMS[@]}" -d "$OUT" -r "$TMP/pins.txt"
+# 3. this repo's packages (pure Python)
+python3 -m pip wheel -q --no-deps -w "$OUT" "$ROOT/plugin" "$ROOT/loadtest"
+cp "$TMP/pins.txt" "$OUT/PINS.txt"
+echo "wheelhouse: $(find "$OUT" -name '*.whl' | wc -l) wheels, $(du -sh "$OUT" | cut -f1) in $OUT"

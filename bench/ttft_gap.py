@@ -1,0 +1,121 @@
+"""Single-request TTFT of text vs video, and simultaneous-video bursts, against a running server.
+
+    python bench/ttft_gap.py --target http://127.0.0.1:8000 --n 20 --burst 8,16 --out gap.json
+
+Text: ~500 one-token words, 10 output tokens. Video: one mp4 of 6 frames at 854x480 (unique per
+request, made with slo_loadtest's generator), 10 output tokens. Requests are sequential for the
+gap (median of n after 3 warm-ups); a burst sends k videos at once and reports the spread of
+their TTFTs. TTFT = first streamed content delta, measured by an httpx client on the same host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from slo_loadtest.media import write_video
+
+
+def _video_url(key: int, seed: int, tmp: Path) -> str:
+    path = write_video(tmp / f"v{key}.mp4", key, frames=6, width=854, height=480, fps=2, seed=seed)
+    return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def _body(model: str, content: object) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 10,
+        "min_tokens": 10,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
+
+
+async def ttft(client: httpx.AsyncClient, url: str, body: dict) -> float:
+    t0 = time.perf_counter()
+    async with client.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return 1000 * (time.perf_counter() - t0)
+    raise RuntimeError("stream ended without content")
+
+
+async def run(args: argparse.Namespace) -> dict:
+    url = args.target.rstrip("/") + "/v1/chat/completions"
+    text = " ".join(f"w{i % 2000}" for i in range(args.text_words))
+    results: dict = {"target": args.target, "model": args.model, "n": args.n}
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        n_videos = 3 + args.n + sum(args.burst) * 2
+        videos = [_video_url(i, args.seed, tmp) for i in range(n_videos)]
+        video_content = [
+            [{"type": "text", "text": "describe"}, {"type": "video_url", "video_url": {"url": v}}]
+            for v in videos
+        ]
+        async with httpx.AsyncClient(timeout=120) as client:
+            for _ in range(3):  # warm-up
+                await ttft(client, url, _body(args.model, text))
+                await ttft(client, url, _body(args.model, video_content.pop()))
+            text_ms = [await ttft(client, url, _body(args.model, text)) for _ in range(args.n)]
+            video_ms = [
+                await ttft(client, url, _body(args.model, video_content.pop()))
+                for _ in range(args.n)
+            ]
+            results["text_ttft_ms"] = {"p50": statistics.median(text_ms), "all": text_ms}
+            results["video_ttft_ms"] = {"p50": statistics.median(video_ms), "all": video_ms}
+            results["video_minus_text_ms"] = statistics.median(video_ms) - statistics.median(
+                text_ms
+            )
+            for k in args.burst:
+                spreads = []
+                for _ in range(2):  # the second burst is warm
+                    bodies = [_body(args.model, video_content.pop()) for _ in range(k)]
+                    spreads.append(
+                        sorted(await asyncio.gather(*(ttft(client, url, b) for b in bodies)))
+                    )
+                results[f"burst_{k}_ttft_ms"] = {
+                    "min": spreads[-1][0],
+                    "max": spreads[-1][-1],
+                    "all_cold": spreads[0],
+                    "all_warm": spreads[-1],
+                }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--n", type=int, default=20)
+    parser.add_argument("--text-words", type=int, default=480)
+    parser.add_argument("--burst", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    line = (
+        f"text p50 {results['text_ttft_ms']['p50']:.1f} ms | video p50 "
+        f"{results['video_ttft_ms']['p50']:.1f} ms | gap {results['video_minus_text_ms']:.1f} ms"
+    )
+    for k in args.burst:
+        b = results[f"burst_{k}_ttft_ms"]
+        line += f" | {k} videos at once {b['min']:.0f}..{b['max']:.0f} ms"
+    print(line)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
