@@ -7,19 +7,19 @@
   an increase inside the rate window: text (streamed and not), images (one and two per
   request) and a short video, as OpenAI chat completions with data URLs.
 * load-test dashboard: a real Pushgateway (Debian ``prometheus-pushgateway``) and a second
-  real Prometheus scraping it (``honor_labels``, as the chart's Pushgateway scrape does). The
-  pushed results come from a real mini sweep against the same vLLM, measured client-side by
-  this module (see ``_mini_sweep``), with the metric names of ``generate.LOADTEST_METRICS``.
+  real Prometheus scraping it (``honor_labels``, as a Pushgateway scrape must). What is pushed
+  is the real output of a short ``slo-loadtest run --pushgateway ...`` (guidellm) against the
+  same vLLM.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import itertools
 import json
 import shutil
-import statistics
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -194,92 +194,28 @@ def test_png_render_from_real_prometheus(scraped: Any, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 # Load-test dashboard: Pushgateway + its own Prometheus
 # --------------------------------------------------------------------------------------
-def _mini_sweep(server: Any, rates: tuple[float, ...] = (1.0, 3.0), seconds: float = 4.0) -> dict:
-    """A real, small open-loop sweep: requests at fixed rates, streamed, measured client-side."""
-    points = {}
-    for rate in rates:
-        n = max(2, int(rate * seconds))
-        e2e: list[float] = []
-        ttft: list[float] = []
-        itl: list[float] = []
-        errors = 0
-
-        def one(i: int) -> tuple[float, float, list[float]]:
-            body = {
-                "model": server.model,
-                "messages": [{"role": "user", "content": f"Tell me about {i}."}],
-                "max_tokens": 8,
-                "ignore_eos": True,
-                "stream": True,
-            }
-            req = urllib.request.Request(
-                f"{server.base_url}/chat/completions",
-                data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            t0 = time.monotonic()
-            stamps: list[float] = []
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                for line in resp:
-                    if line.startswith(b"data: ") and b'"content"' in line:
-                        stamps.append(time.monotonic())
-            end = time.monotonic()
-            gaps = [b - a for a, b in itertools.pairwise(stamps)]
-            return end - t0, (stamps[0] if stamps else end) - t0, gaps
-
-        start = time.monotonic()
-        with cf.ThreadPoolExecutor(max_workers=16) as pool:
-            futs = []
-            for i in range(n):
-                time.sleep(max(0.0, start + i / rate - time.monotonic()))
-                futs.append(pool.submit(one, i))
-            for f in futs:
-                try:
-                    a, b, gaps = f.result()
-                    e2e.append(a)
-                    ttft.append(b)
-                    itl.extend(gaps)
-                except OSError:
-                    errors += 1
-        elapsed = time.monotonic() - start
-
-        def p95(xs: list[float]) -> float:
-            return statistics.quantiles(xs, n=20)[-1] if len(xs) > 1 else (xs[0] if xs else 0.0)
-
-        points[rate] = {
-            "e2e": p95(e2e),
-            "ttft": p95(ttft),
-            "itl": p95(itl),
-            "rps": len(e2e) / elapsed,
-            "errors": errors / n,
-        }
-    return points
-
-
-def _push(pushgateway: str, workload: str, points: dict, slo: float) -> None:
-    from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
-
-    reg = CollectorRegistry()
-    per_rate = {
-        "slo_loadtest_e2e_p95_seconds": "e2e",
-        "slo_loadtest_ttft_p95_seconds": "ttft",
-        "slo_loadtest_itl_p95_seconds": "itl",
-        "slo_loadtest_achieved_rps": "rps",
-        "slo_loadtest_error_ratio": "errors",
-    }
-    for metric, key in per_rate.items():
-        g = Gauge(metric, metric, ["rate"], registry=reg)
-        for rate, p in points.items():
-            g.labels(rate=f"{rate:g}").set(p[key])
-    within = [r for r, p in points.items() if p["e2e"] <= slo and p["errors"] == 0]
-    Gauge("slo_loadtest_slo_pass", "verdict", registry=reg).set(
-        1 if len(within) == len(points) else 0
-    )
-    Gauge("slo_loadtest_max_rate_within_slo", "rate", registry=reg).set(max(within, default=0))
-    Gauge("slo_loadtest_last_run_timestamp_seconds", "ts", registry=reg).set(time.time())
-    push_to_gateway(
-        pushgateway, job="slo_loadtest", grouping_key={"workload": workload}, registry=reg
-    )
+def _slo_loadtest_push(server: Any, pushgateway: str, out: Path) -> str:
+    """A real (short) `slo-loadtest run` against the local vLLM that pushes its summary."""
+    exe = shutil.which("slo-loadtest") or str(Path(sys.executable).parent / "slo-loadtest")
+    argv = [
+        exe, "run",
+        "--target", server.url,
+        "--workloads", "text",
+        "--rates", "1",
+        "--duration", "6",
+        "--warmup", "1",
+        "--prompt-tokens", "32",
+        "--output-tokens", "4",
+        "--tokenizer", str(server.model_path),
+        "--out", str(out),
+        "--no-plots",
+        "--seed", "1",
+        "--pushgateway", pushgateway,
+    ]  # fmt: skip
+    # Exit code 0 pass / 1 fail / 2 incomplete: a CPU box fails the SLO; the push is what counts.
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert "pushed http" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +250,7 @@ def loadtest_prometheus(vllm_server: Any, tmp_path_factory: pytest.TempPathFacto
     prom = None
     try:
         pg.wait_until(f"http://127.0.0.1:{pg_port}/-/ready", 30)
-        points = _mini_sweep(vllm_server)
-        _push(f"127.0.0.1:{pg_port}", "text", points, gen.CONFIG["slo_seconds"])
+        _slo_loadtest_push(vllm_server, f"http://127.0.0.1:{pg_port}", work / "results")
         prom = PushgatewayPrometheus(target=f"127.0.0.1:{pg_port}", workdir=work / "prom").start()
         _wait(lambda: bool(prom.query("slo_loadtest_slo_pass")), 60, "pushgateway scrape")
         yield prom
