@@ -5,9 +5,10 @@ upstream encoding methods read are set)."""
 from __future__ import annotations
 
 import torch
+from torch import nn
+
 from gemma4_batched_encoder import synthetic as S
 from gemma4_batched_encoder.presets import VISION_PRESETS
-from torch import nn
 
 PATCH_DIM = 3 * VISION_PRESETS["tiny"]["patch_size"] ** 2
 K = VISION_PRESETS["tiny"]["pooling_kernel_size"]

@@ -8,13 +8,12 @@ Any capture error disables that key and the caller runs eagerly.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-logger = logging.getLogger(__name__)
+from .log import logger
 
 ChunkFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

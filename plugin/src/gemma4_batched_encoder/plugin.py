@@ -7,11 +7,8 @@ module) is imported here; the version gate runs when vLLM first imports the mode
 
 from __future__ import annotations
 
-import logging
-
+from .log import logger
 from .settings import Settings
-
-logger = logging.getLogger("gemma4_batched_encoder")
 
 ARCHITECTURE = "Gemma4ForConditionalGeneration"
 MODEL_CLASS = "gemma4_batched_encoder.vllm_model:Gemma4ForConditionalGeneration"

@@ -6,7 +6,6 @@ vLLM subclass passes its stock (upstream) methods in as ``stock``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,11 +14,10 @@ from torch import nn
 
 from . import __version__
 from .encoder import BatchedVisionEncoder
+from .log import logger
 from .metrics import get_metrics, set_info
 from .settings import Settings
 from .timing import CallTimer
-
-logger = logging.getLogger("gemma4_batched_encoder")
 
 Encode = Callable[[Any], list[torch.Tensor]]
 

@@ -8,10 +8,9 @@ patched build is judged by its code.
 from __future__ import annotations
 
 import inspect
-import logging
 from enum import StrEnum
 
-logger = logging.getLogger(__name__)
+from .log import logger
 
 SUPPORTED_RANGE = ((0, 20), (0, 34))  # [min, max) minor versions seen and tested against
 
@@ -79,3 +78,24 @@ def vllm_version() -> str:
         return str(vllm.__version__)
     except Exception:
         return "unknown"
+
+
+def gate(cls: type, version: str) -> Layout | None:
+    """The layout to adapt to, or None (stock stays) with one clear warning."""
+    layout = detect_layout(cls)
+    if layout is None:
+        logger.warning(
+            "gemma4_batched_encoder: vLLM %s has Gemma 4 encoder code this plugin does not "
+            "recognise (%s.%s); the stock encoder stays in place (plugin inactive).",
+            version,
+            cls.__module__,
+            cls.__qualname__,
+        )
+    elif not version_supported(version):
+        logger.warning(
+            "gemma4_batched_encoder: vLLM %s is outside the tested range 0.20-0.33; its encoder "
+            "code matches the %s layout, so the plugin is active. Run `verify` on this build.",
+            version,
+            layout.value,
+        )
+    return layout

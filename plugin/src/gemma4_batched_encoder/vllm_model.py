@@ -10,7 +10,6 @@ Patch ledger: plugin/README.md.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any
 
 import torch
@@ -18,28 +17,14 @@ from vllm.model_executor.models.gemma4_mm import (
     Gemma4ForConditionalGeneration as _Upstream,
 )
 
+from .log import logger
 from .pooling import pool_exact
 from .runtime import EncoderRuntime
 from .settings import Settings
-from .versions import Layout, detect_layout, version_supported, vllm_version
-
-logger = logging.getLogger("gemma4_batched_encoder")
+from .versions import Layout, gate, vllm_version
 
 VLLM_VERSION = vllm_version()
-LAYOUT: Layout | None = detect_layout(_Upstream)
-if LAYOUT is None:
-    logger.warning(
-        "gemma4_batched_encoder: vLLM %s has Gemma 4 encoder code this plugin does not recognise; "
-        "the stock encoder stays in place (plugin inactive).",
-        VLLM_VERSION,
-    )
-elif not version_supported(VLLM_VERSION):
-    logger.warning(
-        "gemma4_batched_encoder: vLLM %s is outside the tested range 0.20-0.33; its encoder code "
-        "matches the %s layout, so the plugin is active. Run `verify` on this build.",
-        VLLM_VERSION,
-        LAYOUT.value,
-    )
+LAYOUT: Layout | None = gate(_Upstream, VLLM_VERSION)
 
 try:
     from vllm.utils.gpu_sync_debug import gpu_sync_allowed as _sync_allowed

@@ -1,0 +1,170 @@
+"""``python -m gemma4_batched_encoder.bench``: vision-tower time per call, stock paths vs plugin.
+
+Methods (same tower, same inputs per batch size):
+  serial        vt(pv, pp) once per frame/image (vLLM 0.20-0.22)
+  upstream      encoder batched, pooler + boolean-mask indexing per item (vLLM 0.23+)
+  exact         plugin exact mode, eager
+  exact-graphs  plugin exact mode replayed from CUDA graphs (CUDA only)
+  fast          plugin fast mode (CUDA graphs when on CUDA)
+Prints median milliseconds and ratios; ``--out`` writes everything as JSON. Each method's first
+output is also checked bit for bit against ``serial``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from . import __version__
+from .cli_common import add_common, composition, inputs, int_list, load_tower
+from .encoder import BatchedVisionEncoder
+from .reference import serial_per_item, upstream_batched
+from .settings import Settings
+
+METHODS = ("serial", "upstream", "exact", "exact-graphs", "fast")
+
+
+def _timed(
+    fn: Callable[[], Any], device: str, warmup: int, repeats: int
+) -> tuple[Any, list[float]]:
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return out, times
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    vt = load_tower(args)
+    base = Settings.from_env()
+    cuda = args.device == "cuda"
+    encoders = {
+        "exact": BatchedVisionEncoder(vt, replace(base, mode="exact", cuda_graphs=False)),
+        "exact-graphs": BatchedVisionEncoder(vt, replace(base, mode="exact", cuda_graphs=True)),
+        "fast": BatchedVisionEncoder(vt, replace(base, mode="fast", cuda_graphs=cuda)),
+    }
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    if not cuda and "exact-graphs" in methods:
+        methods.remove("exact-graphs")  # graphs exist only on CUDA
+    rows = []
+    for n, videos in enumerate(int_list(args.videos)):
+        comp = composition(args, videos, vt.config.pooling_kernel_size)
+        pvs, pps = inputs(args, comp, vt, seed=args.seed + 1000 + n)
+        fns: dict[str, Callable[[], Any]] = {
+            "serial": partial(serial_per_item, vt, pvs, pps),
+            "upstream": partial(upstream_batched, vt, pvs, pps),
+        }
+        for name, enc in encoders.items():
+            fns[name] = partial(enc.encode, pvs, pps)
+        reference = serial_per_item(vt, pvs, pps)
+        row: dict[str, Any] = {"videos": videos, "frames": comp.frames, "images": comp.images}
+        for m in methods:
+            out, times = _timed(fns[m], args.device, args.warmup, args.repeats)
+            row[m] = {
+                "median_ms": statistics.median(times),
+                "min_ms": min(times),
+                "times_ms": times,
+                "bit_identical": all(
+                    a.shape == b.shape and torch.equal(a, b)
+                    for a, b in zip(out, reference, strict=True)
+                ),
+            }
+        rows.append(row)
+        print(_format_row(row, methods), file=sys.stderr, flush=True)
+    return {
+        "tool": "gemma4_batched_encoder.bench",
+        "plugin_version": __version__,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "preset": None if args.config else args.preset,
+        "config": args.config,
+        "dtype": args.dtype,
+        "frames_per_video": args.frames,
+        "frame_grid": args.frame_grid,
+        "images": args.images,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "command": " ".join(sys.argv),
+        "methods": methods,
+        "rows": rows,
+    }
+
+
+def _format_row(row: dict[str, Any], methods: list[str]) -> str:
+    cells = [f"{row['videos']:>6} {row['frames']:>6} {row['images']:>6}"]
+    for m in methods:
+        mark = "" if row[m]["bit_identical"] else "*"
+        cells.append(f"{row[m]['median_ms']:>11.1f}{mark:1}")
+    best = min(
+        (row[m]["median_ms"] for m in methods if m.startswith("exact")), default=float("nan")
+    )
+    for ref in ("serial", "upstream"):
+        if ref in methods:
+            cells.append(f"{row[ref]['median_ms'] / best:>9.1f}x")
+    return " ".join(cells)
+
+
+def table(result: dict[str, Any]) -> str:
+    methods = result["methods"]
+    head = [f"{'videos':>6} {'frames':>6} {'images':>6}"] + [f"{m + ' ms':>12}" for m in methods]
+    head += [f"{r + '/exact':>10}" for r in ("serial", "upstream") if r in methods]
+    lines = [" ".join(head)] + [_format_row(r, methods) for r in result["rows"]]
+    lines.append(
+        f"median of {result['repeats']} runs after {result['warmup']} warm-ups; "
+        "* = not bit-identical to serial; x/exact = ratio to the best exact variant"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m gemma4_batched_encoder.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common(p)
+    p.add_argument("--videos", default="1,2,4,8,16", help="videos per call, one row each")
+    p.add_argument(
+        "--methods", default=",".join(METHODS), help="comma list of " + ",".join(METHODS)
+    )
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=15)
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: CUDA is not available", file=sys.stderr)
+        return 2
+    try:
+        result = run(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(table(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""encode_frames is bit-identical (torch.equal) to the per-item stock tower on CPU."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import helpers as H
+import pytest
+import torch
+
+from gemma4_batched_encoder import Settings, encode_frames
+from gemma4_batched_encoder.pooling import pool_exact
+from gemma4_batched_encoder.reference import serial_per_item, upstream_batched
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+COMPOSITIONS = {
+    "one_video": [H.FRAME_480P] * 6,
+    "several_videos": [H.FRAME_480P] * 12,
+    "480p_720p_mixed": [H.FRAME_480P] * 3 + [H.FRAME_720P] * 3 + [H.FRAME_480P] * 2,
+    "frames_without_padding": [H.FRAME_FULL] * 2 + [H.FRAME_480P] * 2,
+    "images_mixed_budgets": [H.image(70), H.image(140), H.image(280), H.image(140, 0.5)],
+    "images_and_videos": [H.FRAME_480P] * 4 + [H.image(280), H.image(70, 2.0)] + [H.FRAME_720P],
+}
+
+
+@pytest.fixture(scope="module", params=DTYPES, ids=["fp32", "bf16"])
+def tower(request):
+    return H.tower(request.param)
+
+
+def assert_identical(out, ref):
+    assert len(out) == len(ref)
+    for i, (a, b) in enumerate(zip(out, ref, strict=True)):
+        assert a.shape == b.shape and a.dtype == b.dtype, (i, a.shape, b.shape)
+        assert torch.equal(a, b), (i, (a.float() - b.float()).abs().max().item())
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITIONS))
+def test_list_input_identical(tower, name):
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch(COMPOSITIONS[name], dtype, seed=len(name))
+    assert_identical(encode_frames(tower, pvs, pps), serial_per_item(tower, pvs, pps))
+
+
+def test_stacked_tensor_and_host_token_counts(tower):
+    dtype = next(tower.parameters()).dtype
+    media = [H.FRAME_480P] * 3 + [H.FRAME_720P] * 3
+    pvs, pps = H.batch(media, dtype, seed=7)
+    ref = serial_per_item(tower, pvs, pps)
+    pv, pp = torch.stack(pvs), torch.stack(pps)
+    assert_identical(encode_frames(tower, pv, pp), ref)
+    tokens = [m.grid[0] * m.grid[1] // H.K**2 for m in media]
+    assert_identical(encode_frames(tower, pv, pp, valid_tokens=tokens), ref)
+
+
+def test_batched_1xPxD_list_items(tower):
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch([H.image(70), H.image(140)], dtype, seed=3)
+    out = encode_frames(tower, [p.unsqueeze(0) for p in pvs], [p.unsqueeze(0) for p in pps])
+    assert_identical(out, serial_per_item(tower, pvs, pps))
+
+
+def test_memory_budget_forces_several_passes(tower):
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch([H.FRAME_480P] * 5 + [H.image(140)] * 2, dtype, seed=5)
+    tight = replace(Settings(), max_batch_bytes=1)  # one item per pass
+    out = encode_frames(tower, pvs, pps, settings=tight)
+    assert_identical(out, serial_per_item(tower, pvs, pps))
+
+
+def test_standardize_tower():
+    vt = H.tower(torch.bfloat16, seed=4, standardize=True)
+    pvs, pps = H.batch([H.FRAME_480P] * 3 + [H.image(140)], torch.bfloat16, seed=9)
+    assert_identical(encode_frames(vt, pvs, pps), serial_per_item(vt, pvs, pps))
+
+
+def test_upstream_style_reference_agrees_on_cpu(tower):
+    """The bench's upstream-style path is itself a faithful stock reproduction."""
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], dtype, seed=11)
+    assert_identical(upstream_batched(tower, pvs, pps), serial_per_item(tower, pvs, pps))
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_pooler_matches_stock_pooler_per_row(tower, batch_size):
+    """pool_exact over a batch == the transformers pooler called on each row alone."""
+    dtype = next(tower.parameters()).dtype
+    media = ([H.FRAME_480P, H.FRAME_720P, H.FRAME_FULL] * 3)[:batch_size]
+    _, pps = H.batch(media, dtype, seed=batch_size)
+    pp = torch.stack(pps)
+    pad = (pp == -1).all(-1)
+    gen = torch.Generator().manual_seed(batch_size)
+    shape = (pp.shape[0], pp.shape[1], tower.config.hidden_size)
+    hidden = torch.randn(shape, generator=gen).to(dtype)
+    length = pp.shape[1] // H.K**2
+    with torch.inference_mode():
+        got = pool_exact(hidden, pp, pad, length, H.K, tower.pooler.root_hidden_size)
+        for i in range(pp.shape[0]):
+            want, mask = tower.pooler(
+                hidden_states=hidden[i : i + 1],
+                pixel_position_ids=pp[i : i + 1],
+                padding_positions=pad[i : i + 1],
+                output_length=length,
+            )
+            assert torch.equal(got[i : i + 1], want)
+            # the valid bins are a prefix: what lets the plugin slice instead of mask-index
+            n = int(mask.sum())
+            assert bool(mask[0, :n].all()) and not bool(mask[0, n:].any())
+
+
+def test_fast_mode_close_not_required_identical(tower):
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], dtype, seed=13)
+    ref = serial_per_item(tower, pvs, pps)
+    out = encode_frames(tower, pvs, pps, mode="fast")
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    for a, b in zip(out, ref, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+def test_rejects_inconsistent_token_counts(tower):
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch([H.FRAME_480P], dtype)
+    with pytest.raises(ValueError, match="valid patches"):
+        encode_frames(tower, pvs, pps, valid_tokens=[71])

@@ -1,0 +1,65 @@
+"""The verify and bench CLIs as the lead runs them (python -m ..., PYTHONPATH=plugin/src)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.run(
+        [sys.executable, "-m", f"gemma4_batched_encoder.{module}", *args],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def test_verify_exact_passes(tmp_path):
+    out = tmp_path / "verify.json"
+    proc = cli(
+        "verify", "--preset", "tiny", "--dtype", "bf16", "--videos", "1,2", "--frames", "2",
+        "--frame-grid", "21x27,18x33", "--images", "3", "--image-budgets", "70,140,280",
+        "--per-item", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["bit_identical"] is True and result["max_abs_diff"] == 0.0
+    assert [c["frames"] for c in result["calls"]] == [2, 4]
+    assert len(result["calls"][1]["items"]) == 4 + 3
+    assert json.loads(out.read_text()) == result
+
+
+def test_verify_fast_reports_deviation_and_tolerance_exit_code():
+    args = ("verify", "--mode", "fast", "--dtype", "bf16", "--videos", "1", "--frames", "2")
+    report = cli(*args)
+    assert report.returncode == 0, report.stderr[-3000:]
+    deviation = json.loads(report.stdout)["max_abs_diff"]
+    assert deviation > 0  # bf16 fast path is not bitwise on this tower
+    strict = cli(*args, "--tolerance", "0")
+    assert strict.returncode == 1
+
+
+def test_verify_bad_arguments_exit_2():
+    assert cli("verify", "--frame-grid", "20x20", "--videos", "1").returncode == 2
+    assert cli("verify", "--preset", "nope").returncode == 2
+    assert cli("verify", "--videos", "0").returncode == 2
+
+
+def test_bench_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = cli(
+        "bench", "--videos", "1", "--frames", "2", "--repeats", "1", "--warmup", "0",
+        "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "serial ms" in proc.stdout and "upstream/exact" in proc.stdout
+    result = json.loads(out.read_text())
+    row = result["rows"][0]
+    assert result["methods"] == ["serial", "upstream", "exact", "fast"]  # no graphs on CPU
+    assert row["exact"]["bit_identical"] and row["upstream"]["bit_identical"]
+    assert row["serial"]["median_ms"] > 0

@@ -1,0 +1,80 @@
+"""Metric names, types and labels as docs/architecture.md states them, in multi-process mode."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).parents[1] / "src")
+
+SCRIPT = """
+import torch
+from dataclasses import replace
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from gemma4_batched_encoder import synthetic as S
+from gemma4_batched_encoder.metrics import get_metrics
+from gemma4_batched_encoder.runtime import EncoderRuntime
+from gemma4_batched_encoder.settings import Settings
+
+vt = S.build_vision_tower(S.vision_config_kwargs("tiny"))
+rt = EncoderRuntime(vt, Settings(), True, "0.32.0")
+assert get_metrics() is get_metrics()  # created once per process
+pvs, pps = S.make_batch([S.Media("frame", (21, 27), 70)] * 2, 768, 3)
+rt.begin_call(frames=2, images=0)
+rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
+rt.end_call()
+rt.begin_call(frames=0, images=1)
+rt.run(lambda a: 1 / 0, lambda a: [], None)
+rt.end_call()
+registry = CollectorRegistry()
+MultiProcessCollector(registry)
+print(generate_latest(registry).decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def exposition(tmp_path_factory) -> str:
+    mp = tmp_path_factory.mktemp("prom-mp")
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp), "PYTHONPATH": SRC}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {name} {labels} in:\n{text}")
+
+
+def test_info_gauge(exposition):
+    assert "# TYPE gemma4_encoder_info gauge" in exposition
+    value = sample(
+        exposition, "gemma4_encoder_info", mode="exact", cuda_graphs="false",
+        vllm_version="0.32.0", plugin_version="0.1.0",
+    )  # fmt: skip
+    assert value == 1
+
+
+def test_calls_items_seconds_fallbacks(exposition):
+    assert sample(exposition, "gemma4_encoder_calls_total", path="plugin") == 1
+    assert sample(exposition, "gemma4_encoder_calls_total", path="stock") == 1
+    assert sample(exposition, "gemma4_encoder_items_per_call_count", kind="frame") == 1
+    assert sample(exposition, "gemma4_encoder_items_per_call_sum", kind="frame") == 2
+    assert sample(exposition, "gemma4_encoder_items_per_call_count", kind="image") == 1
+    assert sample(exposition, "gemma4_encoder_seconds_count", path="plugin") == 1
+    assert sample(exposition, "gemma4_encoder_seconds_bucket", path="plugin", le="+Inf") == 1
+    assert 'gemma4_encoder_seconds_bucket{le="0.001",path="plugin"}' in exposition
+    assert sample(exposition, "gemma4_encoder_fallbacks_total", reason="ZeroDivisionError") == 1
+    assert "gemma4_encoder_verify_checks_total" in exposition
+    assert "gemma4_encoder_verify_mismatches_total" in exposition

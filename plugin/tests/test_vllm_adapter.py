@@ -1,0 +1,158 @@
+"""The vLLM subclass against the real upstream vLLM methods, on real towers (CPU).
+
+The model objects carry only what the encoding methods read (tower, projection, config, dtype);
+everything they run is real upstream vLLM and plugin code. Failures injected here are real
+exceptions raised inside the plugin path by inconsistent inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import helpers as H
+import pytest
+import torch
+from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as Upstream
+
+from gemma4_batched_encoder import vllm_model
+from gemma4_batched_encoder.metrics import get_metrics
+from gemma4_batched_encoder.runtime import EncoderRuntime
+from gemma4_batched_encoder.settings import Settings
+from gemma4_batched_encoder.versions import Layout
+
+Plugin = vllm_model.Gemma4ForConditionalGeneration
+
+
+@pytest.fixture(autouse=True)
+def cpu_memory_info(monkeypatch):
+    # Upstream (0.23+) asks the accelerator for free memory; this CUDA-build torch has no driver.
+    try:
+        torch.accelerator.get_memory_info()
+    except Exception:
+        monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda *a: (8 << 30, 16 << 30))
+
+
+def models(dtype, settings=None, active=True):
+    vt = H.tower(dtype)
+    stock = H.host_model(Upstream, vt, dtype)
+    plugin = H.host_model(Plugin, vt, dtype)
+    plugin.embed_vision = stock.embed_vision
+    plugin._g4 = EncoderRuntime(vt, settings or Settings(), active, "test")
+    plugin._g4_video_tokens = None
+    return stock, plugin
+
+
+def video_input(media, frame_counts, dtype, seed=0):
+    pvs, pps = H.batch(media, dtype, seed=seed)
+    return {
+        "pixel_values_videos": torch.stack(pvs),
+        "pixel_position_ids_videos": torch.stack(pps),
+        "video_frame_counts": torch.tensor(frame_counts),
+    }
+
+
+def image_input(media, dtype, seed=0):
+    pvs, pps = H.batch(media, dtype, seed=seed)
+    return {"pixel_values": pvs, "pixel_position_ids": pps}
+
+
+def counter(metric, **labels) -> float:
+    m = metric.labels(**labels) if labels else metric
+    return m._value.get()
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_layout_detected_for_installed_vllm():
+    assert vllm_model.LAYOUT is Layout.BATCHED
+    assert Plugin.__name__ == Upstream.__name__ == "Gemma4ForConditionalGeneration"
+    assert issubclass(Plugin, Upstream)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_video_and_image_paths_identical_to_stock(dtype):
+    stock, plugin = models(dtype)
+    vi = video_input([H.FRAME_480P] * 4 + [H.FRAME_720P] * 2, [2, 2, 2], dtype)
+    assert same(plugin._process_video_input(vi), Upstream._process_video_input(stock, vi))
+    ii = image_input([H.image(70), H.image(280), H.image(140, 0.5)], dtype)
+    assert same(plugin._process_image_input(ii), Upstream._process_image_input(stock, ii))
+
+
+def test_embed_multimodal_uses_host_token_counts_and_counts_call():
+    dtype = torch.bfloat16
+    stock, plugin = models(dtype)
+    media = [H.FRAME_480P] * 3 + [H.FRAME_720P] * 3
+    vi = video_input(media, [3, 3], dtype)
+    tokens = [[63, 63, 63], [66, 66, 66]]
+    before = counter(get_metrics().calls, path="plugin")
+    out = plugin.embed_multimodal(**vi, video_num_soft_tokens=tokens)
+    assert counter(get_metrics().calls, path="plugin") == before + 1
+    assert same(out, Upstream._process_video_input(stock, vi))
+
+
+def test_runtime_error_falls_back_to_stock_and_is_counted():
+    dtype = torch.bfloat16
+    stock, plugin = models(dtype)
+    vi = video_input([H.FRAME_480P] * 2, [2], dtype)
+    fallbacks = get_metrics().fallbacks
+    before = counter(fallbacks, reason="ValueError")
+    stock_before = counter(get_metrics().calls, path="stock")
+    # Token counts that cannot be right make encode_frames raise inside the plugin path.
+    out = plugin.embed_multimodal(**vi, video_num_soft_tokens=[[71, 71]])
+    assert counter(fallbacks, reason="ValueError") == before + 1
+    assert counter(get_metrics().calls, path="stock") == stock_before + 1
+    assert same(out, Upstream._process_video_input(stock, vi))
+
+
+def test_disabled_runtime_runs_stock_only():
+    dtype = torch.float32
+    stock, plugin = models(dtype, settings=replace(Settings(), disabled=True))
+    assert not plugin._g4.active
+    plugin._g4.encoder.encode = None  # would raise TypeError if the plugin path were taken
+    vi = video_input([H.FRAME_480P] * 2, [2], dtype)
+    before = counter(get_metrics().fallbacks, reason="TypeError")
+    assert same(plugin._process_video_input(vi), Upstream._process_video_input(stock, vi))
+    assert counter(get_metrics().fallbacks, reason="TypeError") == before
+
+
+def test_shadow_verify_counts_checks_and_mismatches():
+    dtype = torch.bfloat16
+    m = get_metrics()
+    stock, plugin = models(dtype, settings=replace(Settings(), verify_every=1))
+    vi = video_input([H.FRAME_480P] * 3, [3], dtype)
+    checks, mism = counter(m.verify_checks), counter(m.verify_mismatches)
+    plugin._process_video_input(vi)
+    assert counter(m.verify_checks) == checks + 1
+    assert counter(m.verify_mismatches) == mism
+    # fast mode is not bitwise: the shadow check catches it and the stock result is served
+    stock, fast = models(dtype, settings=replace(Settings(), verify_every=1, mode="fast"))
+    vi = video_input([H.FRAME_480P] * 3, [3], dtype, seed=1)
+    out = fast._process_video_input(vi)
+    assert counter(m.verify_checks) == checks + 2
+    assert counter(m.verify_mismatches) == mism + 1
+    assert same(out, Upstream._process_video_input(stock, vi))
+
+
+def test_serial_layout_projects_per_item(monkeypatch):
+    """0.20-0.22 project each frame on its own: the adapter reproduces that grouping."""
+    dtype = torch.float32
+    stock, plugin = models(dtype)
+    monkeypatch.setattr(vllm_model, "LAYOUT", Layout.SERIAL)
+    vi = video_input([H.FRAME_480P] * 4, [1, 3], dtype)
+    out = plugin._process_video_input(vi)
+    vt, ev = stock.vision_tower, stock.embed_vision
+    want = []
+    for start, n in ((0, 1), (1, 3)):
+        frames = []
+        for i in range(start, start + n):
+            pv = vi["pixel_values_videos"][i : i + 1]
+            pp = vi["pixel_position_ids_videos"][i : i + 1]
+            with torch.inference_mode():
+                soft = vt(pv, pp).last_hidden_state
+                frames.append(ev(inputs_embeds=soft.unsqueeze(0)).squeeze(0))
+        want.append(torch.cat(frames))
+    assert same(out, want)
