@@ -1,0 +1,343 @@
+"""The only module that knows guidellm: how to run one rate, and how to read its JSON report.
+
+guidellm's CLI and report schema drift between versions (``benchmark`` became ``run``,
+``--rate-type`` became ``--profile``, report fields moved). Everything version-specific is here:
+the scenario file we hand to ``guidellm run --scenario`` and the paths we read in its report.
+It was written against guidellm 0.8.1; tests/fixtures holds real 0.8.1 reports.
+
+Each rate is its own ``python -m guidellm run`` subprocess in its own session, bounded in wall
+time by us (guidellm #431: hangs between constant-rate steps), killed as a process group when
+it overruns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_VERSIONS = ("0.8.1",)
+REPORT_NAME = "guidellm-report.json"
+
+
+def guidellm_version() -> str:
+    try:
+        return importlib.metadata.version("guidellm")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One guidellm invocation: one workload at one constant rate."""
+
+    target: str
+    model: str
+    rate: float
+    duration_s: float
+    warmup_s: float
+    data_path: Path
+    step_dir: Path
+    request_timeout_s: float = 30.0
+    max_workers: int = 2
+    api_key: str = ""
+    tokenizer: str = ""
+    sample_size: int | None = 20
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def report_path(self) -> Path:
+        return self.step_dir / REPORT_NAME
+
+    @property
+    def log_path(self) -> Path:
+        return self.step_dir / "guidellm.log"
+
+    @property
+    def scenario_path(self) -> Path:
+        return self.step_dir / "scenario.json"
+
+
+@dataclass
+class StepOutcome:
+    status: str  # "ok" | "timeout" | "error"
+    returncode: int | None
+    wall_s: float
+    report_path: Path | None
+    log_path: Path
+    message: str = ""
+
+
+def build_scenario(spec: StepSpec) -> dict[str, Any]:
+    """The guidellm 0.8.1 scenario for one step (``guidellm run --scenario FILE``)."""
+    backend: dict[str, Any] = {
+        "kind": "openai_http",
+        "target": spec.target,
+        "model": spec.model,
+        "request_format": "/v1/chat/completions",
+        "stream": True,
+        "timeout": spec.request_timeout_s,
+        "timeout_connect": min(5.0, spec.request_timeout_s),
+    }
+    if spec.api_key:
+        backend["api_key"] = spec.api_key
+    scenario: dict[str, Any] = {
+        "metadata": {"labels": dict(spec.labels)},
+        "spec": {
+            "backend": backend,
+            "profile": {"kind": "constant", "rate": [spec.rate], "warmup": spec.warmup_s},
+            "constraints": [{"kind": "max_duration", "seconds": spec.duration_s}],
+            "data": [{"kind": "json_file", "path": str(spec.data_path.resolve())}],
+            "outputs": [{"kind": "json", "path": str(spec.report_path.resolve())}],
+            # Per-request samples carry whole request bodies (base64 video): keep a few only.
+            "metrics": {"kind": "generative", "sample_size": spec.sample_size},
+        },
+    }
+    if spec.tokenizer:
+        scenario["spec"]["tokenizer"] = {"kind": "huggingface_auto", "model": spec.tokenizer}
+    return scenario
+
+
+def step_env(spec: StepSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "GUIDELLM__MAX_WORKER_PROCESSES": str(spec.max_workers),
+            # Nothing in a sweep may reach the hub (the GPU hosts have no network).
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def run_step(spec: StepSpec, timeout_s: float) -> StepOutcome:
+    """Run one guidellm invocation, never longer than ``timeout_s`` seconds of wall time."""
+    spec.step_dir.mkdir(parents=True, exist_ok=True)
+    spec.report_path.unlink(missing_ok=True)
+    spec.scenario_path.write_text(json.dumps(build_scenario(spec), indent=2))
+    cmd = [
+        sys.executable, "-m", "guidellm", "run",
+        "--scenario", str(spec.scenario_path.resolve()),
+        "--disable-console-interactive",
+    ]
+    t0 = time.monotonic()
+    with spec.log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=spec.step_dir,
+            env=step_env(spec),
+            start_new_session=True,
+        )
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+            status = "ok"
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc, status = None, "timeout"
+    wall = time.monotonic() - t0
+    report = spec.report_path if spec.report_path.is_file() else None
+    if status == "timeout":
+        msg = f"guidellm did not finish within {timeout_s:.0f} s and was killed"
+        return StepOutcome("timeout", None, wall, report, spec.log_path, msg)
+    if rc != 0 or report is None:
+        why = f"exit code {rc}" if rc != 0 else "no report written"
+        return StepOutcome("error", rc, wall, report, spec.log_path, f"guidellm failed ({why}): "
+                           + last_error_line(spec.log_path))
+    return StepOutcome("ok", rc, wall, report, spec.log_path)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            # the group may still hold worker processes; SIGKILL them too
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def last_error_line(log_path: Path, limit: int = 400) -> str:
+    """The most telling line of a guidellm log: the last exception/error line, else the tail."""
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "(no log)"
+    lines = [ln for ln in lines if ln]
+    keys = ("Error", "error", "Exception", "refused", "failed", "Traceback")
+    for ln in reversed(lines):
+        if any(k in ln for k in keys) and not ln.startswith("Traceback"):
+            return ln[:limit]
+    return (lines[-1] if lines else "(empty log)")[:limit]
+
+
+# --------------------------------------------------------------------------------------------
+# Reading reports
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One benchmark (one constant rate) of a guidellm report, in our units (ms, req/s)."""
+
+    target_rate: float
+    achieved_rate: float | None
+    duration_s: float | None
+    successful: int
+    errored: int
+    incomplete: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    itl_median_ms: float | None
+    itl_p95_ms: float | None
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    dispatch_delay_median_ms: float | None
+    dispatch_delay_p95_ms: float | None
+    prompt_tokens_mean: float | None
+    output_tokens_mean: float | None
+    guidellm_rps_mean: float | None = None
+    stop_reason: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    guidellm_version: str
+    measurements: list[Measurement]
+    source: str = ""
+
+
+def _get(d: Any, *path: str | int) -> Any:
+    for p in path:
+        if isinstance(d, Mapping) and isinstance(p, str):
+            d = d.get(p)
+        elif isinstance(d, list) and isinstance(p, int) and -len(d) <= p < len(d):
+            d = d[p]
+        else:
+            return None
+        if d is None:
+            return None
+    return d
+
+
+def _num(v: Any, scale: float = 1.0) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) * scale
+
+
+def _has_values(dist: Any) -> bool:
+    count = _get(dist, "successful", "count")
+    return not isinstance(count, int) or count > 0
+
+
+def _pct(dist: Any, name: str, scale: float = 1.0) -> float | None:
+    if not _has_values(dist):
+        return None
+    return _num(_get(dist, "successful", "percentiles", name), scale)
+
+
+def _median(dist: Any, scale: float = 1.0) -> float | None:
+    if not _has_values(dist):
+        return None
+    return _num(_get(dist, "successful", "median"), scale)
+
+
+def is_guidellm_report(data: Any) -> bool:
+    return isinstance(data, Mapping) and isinstance(data.get("benchmarks"), list)
+
+
+def parse_report(data: Mapping[str, Any], source: str = "") -> Report:
+    """Read a guidellm 0.8.x JSON report (``--output kind=json``)."""
+    if not is_guidellm_report(data):
+        raise ValueError(f"{source or 'input'} is not a guidellm JSON report (no 'benchmarks')")
+    version = str(
+        _get(data, "metadata", "guidellm_version")
+        or _get(data, "metadata", "version")
+        or "unknown"
+    )
+    labels = _get(data, "config", "metadata", "labels") or {}
+    out = [_measurement(b, dict(labels)) for b in data["benchmarks"]]
+    return Report(guidellm_version=version, measurements=out, source=source)
+
+
+def _achieved_rate(b: Mapping[str, Any], successful: int) -> float | None:
+    """Successful requests per second over the measured window, from the first request's
+    dispatch (or the end of warm-up) to the end of the window. guidellm's own
+    ``requests_per_second.successful.mean`` also counts the scheduler's ~0.5 s start delay, which
+    makes a short run look slower than it was; both are kept in the summary."""
+    sm = b.get("scheduler_metrics") or {}
+    start = max(
+        (v for v in (_num(sm.get("measure_start_time")), _num(sm.get("request_start_time")))
+         if v is not None),
+        default=None,
+    )
+    end = _num(sm.get("measure_end_time"))
+    if start is None or end is None or end <= start:
+        return None
+    return successful / (end - start)
+
+
+def _stop_reason(b: Mapping[str, Any]) -> str:
+    reasons = _get(b, "scheduler_state", "end_processing_constraints") or {}
+    return ",".join(sorted(reasons)) if isinstance(reasons, Mapping) else ""
+
+
+def _measurement(b: Mapping[str, Any], labels: dict[str, str]) -> Measurement:
+    m = b.get("metrics") or {}
+    totals = m.get("request_totals") or {}
+    rate = _get(b, "config", "strategy", "rate")
+    if isinstance(rate, list):
+        rate = rate[0] if rate else None
+    successful = int(totals.get("successful") or 0)
+    return Measurement(
+        target_rate=float(rate) if isinstance(rate, int | float) else float("nan"),
+        achieved_rate=_achieved_rate(b, successful),
+        duration_s=_num(b.get("duration")),
+        successful=successful,
+        errored=int(totals.get("errored") or 0),
+        incomplete=int(totals.get("incomplete") or 0),
+        ttft_p50_ms=_pct(m.get("time_to_first_token_ms"), "p50"),
+        ttft_p95_ms=_pct(m.get("time_to_first_token_ms"), "p95"),
+        ttft_p99_ms=_pct(m.get("time_to_first_token_ms"), "p99"),
+        itl_median_ms=_median(m.get("inter_token_latency_ms")),
+        itl_p95_ms=_pct(m.get("inter_token_latency_ms"), "p95"),
+        latency_p50_ms=_pct(m.get("request_latency"), "p50", 1000.0),
+        latency_p95_ms=_pct(m.get("request_latency"), "p95", 1000.0),
+        latency_p99_ms=_pct(m.get("request_latency"), "p99", 1000.0),
+        dispatch_delay_median_ms=_median(m.get("request_dispatch_delay"), 1000.0),
+        dispatch_delay_p95_ms=_pct(m.get("request_dispatch_delay"), "p95", 1000.0),
+        prompt_tokens_mean=_num(_get(m, "prompt_token_count", "successful", "mean")),
+        output_tokens_mean=_num(_get(m, "output_token_count", "successful", "mean")),
+        guidellm_rps_mean=_num(_get(m, "requests_per_second", "successful", "mean")),
+        stop_reason=_stop_reason(b),
+        labels=labels,
+    )
+
+
+def load_report(path: Path) -> Report:
+    with Path(path).open() as fh:
+        data = json.load(fh)
+    return parse_report(data, source=str(path))

@@ -1,0 +1,296 @@
+"""The load-test Job in a cluster, through the kubernetes Python client.
+
+``loadtest_job()`` is the one place the Job is defined. It mirrors the chart's load-test Job
+(charts/gemma4-serving/templates/_loadtest.tpl, contract in charts/gemma4-serving/README.md):
+same container name (``loadtest``), labels (``app.kubernetes.io/component: loadtest``), command
+script (wait for ``$SLO_LOADTEST_TARGET/health``, ``slo-loadtest run --target ... --out /results
+"$@"``, write ``/results/exit_code`` and ``/results/.done``, log "results ready", keep the pod up
+``KEEP_RESULTS_SECONDS``), security context and ``SLO_LOADTEST_*`` environment.
+
+Where the Job leaves its results: under ``/results`` in the pod (an emptyDir, or the chart's
+results claim), and — because ``slo-loadtest run`` prints its summary JSON between markers when it
+runs inside Kubernetes — in the pod's log. ``fetch`` reads the log, so it needs no exec rights
+and works after the pod has finished, for as long as the pod object exists; it writes the
+summary and redraws the CSV, Markdown and plots locally. The raw guidellm reports stay in
+``/results`` (``kubectl cp <pod>:/results ./results`` while the pod is kept up).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+CHART_NAME = "gemma4-serving"
+CONTAINER = "loadtest"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+READY_LINE = "slo-loadtest job: results ready in"
+
+JOB_SCRIPT = """\
+set -u
+echo "slo-loadtest job: waiting for $SLO_LOADTEST_TARGET/health"
+until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=5)' "$SLO_LOADTEST_TARGET" 2>/dev/null; do
+  sleep 5
+done
+mkdir -p "$SLO_LOADTEST_OUT"
+rm -f "$SLO_LOADTEST_OUT/.done"
+slo-loadtest run --target "$SLO_LOADTEST_TARGET" --out "$SLO_LOADTEST_OUT" "$@"
+rc=$?
+echo "$rc" > "$SLO_LOADTEST_OUT/exit_code"
+touch "$SLO_LOADTEST_OUT/.done"
+echo "slo-loadtest job: results ready in $SLO_LOADTEST_OUT (exit code $rc); keeping them for ${KEEP_RESULTS_SECONDS}s"
+sleep "$KEEP_RESULTS_SECONDS"
+exit "$rc"
+"""  # noqa: E501 - the chart's script, line for line
+
+
+def fullname(release: str) -> str:
+    name = release if CHART_NAME in release else f"{release}-{CHART_NAME}"
+    return name[:63].rstrip("-")
+
+
+def service_url(release: str, namespace: str, port: int = 8000) -> str:
+    return f"http://{fullname(release)}.{namespace}.svc:{port}"
+
+
+def job_name(release: str, stamp: str | None = None) -> str:
+    stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d%H%M%S")
+    suffix = f"-loadtest-cli-{stamp}"
+    return fullname(release)[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+@dataclass
+class JobOptions:
+    release: str
+    namespace: str
+    image: str
+    target: str = ""
+    settings: Mapping[str, str] | None = None
+    args: tuple[str, ...] = ()
+    active_deadline_s: int = 3600
+    keep_results_s: int = 900
+    ttl_s: int = 86400
+    results_claim: str = ""
+    api_key_secret: str = ""
+    api_key_key: str = "VLLM_API_KEY"
+    service_account: str = ""
+    name: str = ""
+
+
+def labels(release: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": CHART_NAME,
+        "app.kubernetes.io/instance": release,
+        COMPONENT_LABEL: "loadtest",
+        "app.kubernetes.io/part-of": CHART_NAME,
+        "app.kubernetes.io/managed-by": "slo-loadtest",
+    }
+
+
+def loadtest_job(o: JobOptions) -> dict[str, Any]:
+    """The Job manifest (a plain dict, as the API takes it)."""
+    target = o.target or service_url(o.release, o.namespace)
+    env: list[dict[str, Any]] = [
+        {"name": "SLO_LOADTEST_TARGET", "value": target},
+        {"name": "SLO_LOADTEST_OUT", "value": "/results"},
+        {"name": "KEEP_RESULTS_SECONDS", "value": str(o.keep_results_s)},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
+    ]
+    for key, val in sorted((o.settings or {}).items()):
+        if key.upper() in ("TARGET", "OUT"):
+            continue
+        env.append({"name": f"SLO_LOADTEST_{key.upper()}", "value": str(val)})
+    if o.api_key_secret:
+        env.append({"name": "SLO_LOADTEST_API_KEY", "valueFrom": {
+            "secretKeyRef": {"name": o.api_key_secret, "key": o.api_key_key}}})
+    results_volume: dict[str, Any] = (
+        {"name": "results", "persistentVolumeClaim": {"claimName": o.results_claim}}
+        if o.results_claim else {"name": "results", "emptyDir": {}}
+    )
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": CONTAINER,
+            "image": o.image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["/bin/sh", "-c", JOB_SCRIPT, "slo-loadtest-job"],
+            "args": [str(a) for a in o.args],
+            "env": env,
+            "securityContext": {
+                "runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+            },
+            "volumeMounts": [{"name": "results", "mountPath": "/results"},
+                             {"name": "tmp", "mountPath": "/tmp"}],
+        }],
+        "volumes": [results_volume, {"name": "tmp", "emptyDir": {}}],
+    }
+    if o.service_account:
+        pod_spec["serviceAccountName"] = o.service_account
+    lab = labels(o.release)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": o.name or job_name(o.release), "namespace": o.namespace,
+                     "labels": lab},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": o.active_deadline_s,
+            "ttlSecondsAfterFinished": o.ttl_s,
+            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobStatus:
+    name: str
+    phase: str  # pending | running | results-ready | succeeded | failed | missing
+    pod: str = ""
+    pod_phase: str = ""
+    exit_code: int | None = None
+    message: str = ""
+
+
+class LoadTestJobs:
+    def __init__(self, api_client: client.ApiClient, namespace: str) -> None:
+        self.batch = client.BatchV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+
+    def start(self, manifest: Mapping[str, Any]) -> str:
+        job = self.batch.create_namespaced_job(self.namespace, body=dict(manifest))
+        return str(job.metadata.name)
+
+    def latest(self, release: str = "") -> str:
+        """The newest load-test Job (by creation time), optionally of one release."""
+        selector = f"{COMPONENT_LABEL}=loadtest"
+        if release:
+            selector += f",app.kubernetes.io/instance={release}"
+        jobs = self.batch.list_namespaced_job(self.namespace, label_selector=selector).items
+        if not jobs:
+            raise LookupError(f"no load-test Job in namespace {self.namespace} ({selector})")
+        jobs.sort(key=lambda j: j.metadata.creation_timestamp or dt.datetime.min)
+        return str(jobs[-1].metadata.name)
+
+    def pod(self, name: str) -> Any | None:
+        pods = self.core.list_namespaced_pod(self.namespace,
+                                             label_selector=f"job-name={name}").items
+        if not pods:
+            return None
+        pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
+        return pods[-1]
+
+    def log(self, pod: str) -> str:
+        return str(self.core.read_namespaced_pod_log(pod, self.namespace, container=CONTAINER))
+
+    def status(self, name: str) -> JobStatus:
+        try:
+            job = self.batch.read_namespaced_job(name, self.namespace)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return JobStatus(name, "missing", message="no such Job")
+            raise
+        st = job.status
+        pod = self.pod(name)
+        pod_name = pod.metadata.name if pod else ""
+        pod_phase = (pod.status.phase or "") if pod and pod.status else ""
+        exit_code = None
+        ready = False
+        if pod_name and pod_phase in ("Running", "Succeeded", "Failed"):
+            text = self.log(pod_name)
+            ready, exit_code = parse_ready(text)
+        for cond in (st.conditions or []) if st else []:
+            if cond.status == "True" and cond.type in ("Complete", "Failed"):
+                phase = "succeeded" if cond.type == "Complete" else "failed"
+                return JobStatus(name, phase, pod_name, pod_phase, exit_code,
+                                 cond.message or cond.reason or "")
+        if ready:
+            return JobStatus(name, "results-ready", pod_name, pod_phase, exit_code)
+        if st and (st.active or 0) > 0 and pod_phase == "Running":
+            return JobStatus(name, "running", pod_name, pod_phase)
+        return JobStatus(name, "pending", pod_name, pod_phase)
+
+    def wait(self, name: str, timeout_s: float, poll_s: float = 5.0,
+             on_change: Callable[[JobStatus], None] | None = None) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while True:
+            s = self.status(name)
+            if on_change and s.phase != last:
+                on_change(s)
+                last = s.phase
+            if s.phase in ("results-ready", "succeeded", "failed", "missing"):
+                return s
+            if time.monotonic() >= deadline:
+                return s
+            time.sleep(poll_s)
+
+    def stream_log(self, name: str, wait_s: float = 300.0, poll_s: float = 2.0) -> Iterator[str]:
+        """Follow the Job pod's log until the container ends."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            pod = self.pod(name)
+            phase = (pod.status.phase or "") if pod and pod.status else ""
+            if phase in ("Running", "Succeeded", "Failed"):
+                break
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the pod of Job {name} did not start within {wait_s:.0f} s "
+                                   f"(phase {phase or 'none'})")
+            time.sleep(poll_s)
+        resp = self.core.read_namespaced_pod_log(
+            pod.metadata.name, self.namespace, container=CONTAINER, follow=True,
+            _preload_content=False,
+        )
+        try:
+            for chunk in resp.stream(4096):
+                yield chunk.decode(errors="replace")
+        finally:
+            resp.release_conn()
+
+
+def parse_ready(log_text: str) -> tuple[bool, int | None]:
+    """(results ready, exit code) from the Job's log."""
+    idx = log_text.rfind(READY_LINE)
+    if idx < 0:
+        return False, None
+    tail = log_text[idx:].split("\n", 1)[0]
+    code = None
+    if "(exit code " in tail:
+        try:
+            code = int(tail.split("(exit code ", 1)[1].split(")", 1)[0])
+        except ValueError:
+            code = None
+    return True, code
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None,
+               server: str | None = None, token: str | None = None) -> client.ApiClient:
+    """An ApiClient from an explicit API server URL (e.g. `kubectl proxy`), the in-cluster
+    service account, or a kubeconfig (in that order of preference)."""
+    from kubernetes import config as kconfig
+
+    if server:
+        cfg = client.Configuration()
+        cfg.host = server.rstrip("/")
+        if token:
+            cfg.api_key = {"authorization": f"Bearer {token}"}
+        return client.ApiClient(cfg)
+    try:
+        return kconfig.new_client_from_config(config_file=kubeconfig, context=context)
+    except kconfig.ConfigException:
+        kconfig.load_incluster_config()
+        return client.ApiClient()

@@ -1,0 +1,123 @@
+"""Pre-generated media: mp4 videos (OpenCV ``VideoWriter``, codec mp4v) and JPEG images.
+
+Each row gets its own content, seeded by the row index, so neither vLLM's multimodal processor
+cache nor its encoder cache can hide the vision encoder's work. Content is a smooth gradient with
+a few shapes and the row id written on it: cheap to encode and small, yet unique to the byte.
+Generation runs before a rate starts (never while guidellm is sending), in a process pool.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+
+def _frame(key: int, t: int, width: int, height: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, key, t])
+    base = rng.integers(0, 256, size=3)
+    ys = np.linspace(0, 1, height, dtype=np.float32)[:, None]
+    xs = np.linspace(0, 1, width, dtype=np.float32)[None, :]
+    img = np.empty((height, width, 3), dtype=np.uint8)
+    for c in range(3):
+        w = rng.uniform(-120, 120, size=2)
+        img[..., c] = np.clip(base[c] + w[0] * xs + w[1] * ys, 0, 255).astype(np.uint8)
+    import cv2
+
+    for _ in range(3):
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        r = int(rng.integers(max(2, min(width, height) // 16), max(3, min(width, height) // 4)))
+        color = tuple(int(v) for v in rng.integers(0, 256, size=3))
+        cv2.circle(img, (x0, y0), r, color, thickness=-1)
+    scale = max(0.3, height / 240)
+    cv2.putText(
+        img, f"{key}/{t}", (4, max(12, height // 3)), cv2.FONT_HERSHEY_SIMPLEX, scale,
+        (255, 255, 255), max(1, int(scale * 2)),
+    )
+    return img
+
+
+def write_video(
+    path: Path, key: int, frames: int, width: int, height: int, fps: float, seed: int
+) -> Path:
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write mp4 at {tmp} ({width}x{height})")
+    try:
+        for t in range(frames):
+            writer.write(_frame(key, t, width, height, seed))
+    finally:
+        writer.release()
+    if not tmp.exists() or tmp.stat().st_size == 0:
+        raise RuntimeError(f"OpenCV wrote no video to {tmp}")
+    os.replace(tmp, path)
+    return path
+
+
+def write_image(path: Path, key: int, width: int, height: int, seed: int) -> Path:
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok, buf = cv2.imencode(".jpg", _frame(key, 0, width, height, seed))
+    if not ok:
+        raise RuntimeError(f"OpenCV cannot encode a JPEG of {width}x{height}")
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    tmp.write_bytes(buf.tobytes())
+    os.replace(tmp, path)
+    return path
+
+
+def video_frame_count(path: Path) -> int:
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    try:
+        n = 0
+        while True:
+            ok, _ = cap.read()
+            if not ok:
+                return n
+            n += 1
+    finally:
+        cap.release()
+
+
+def _video_job(args: tuple[Path, int, int, int, int, float, int]) -> Path:
+    return write_video(*args)
+
+
+def _image_job(args: tuple[Path, int, int, int, int]) -> Path:
+    return write_image(*args)
+
+
+def _workers(n_jobs: int) -> int:
+    return max(1, min(os.cpu_count() or 1, 8, n_jobs))
+
+
+def write_videos(
+    jobs: Iterable[tuple[Path, int]], frames: int, width: int, height: int, fps: float, seed: int
+) -> list[Path]:
+    """Write one video per (path, key), skipping files that already exist."""
+    todo = [(p, k, frames, width, height, fps, seed) for p, k in jobs if not p.exists()]
+    return _run(_video_job, todo)
+
+
+def write_images(
+    jobs: Iterable[tuple[Path, int]], width: int, height: int, seed: int
+) -> list[Path]:
+    todo = [(p, k, width, height, seed) for p, k in jobs if not p.exists()]
+    return _run(_image_job, todo)
+
+
+def _run(fn, todo: list) -> list[Path]:  # type: ignore[no-untyped-def]
+    if len(todo) < 16:
+        return [fn(a) for a in todo]
+    with ProcessPoolExecutor(max_workers=_workers(len(todo))) as pool:
+        return list(pool.map(fn, todo, chunksize=8))

@@ -1,0 +1,74 @@
+"""The blog's figure, redrawn from a summary: p95 TTFT and median ITL against request rate on a
+log y axis, every workload on the same axes, plus p95 total latency with the SLO line (the
+quantity the verdict is about). Filled markers passed, hollow ones failed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+PLOT_NAME = "latency-vs-rate.png"
+COLORS = {"text": "tab:blue", "video": "tab:red", "image": "tab:green"}
+
+PANELS = (
+    ("ttft_p95_ms", "p95 time to first token (ms)"),
+    ("itl_median_ms", "median inter-token latency (ms)"),
+    ("latency_p95_ms", "p95 total request latency (ms)"),
+)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
+        raise SystemExit(
+            "plots need matplotlib: pip install 'matplotlib>=3.7' (or pass --no-plots)"
+        ) from exc
+    return plt
+
+
+def plot_summary(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    plt = _pyplot()
+    slo = float(summary["criteria"]["slo_ms"])
+    series: dict[str, list[tuple[float, dict[str, Any], bool]]] = {}
+    for r in summary["results"]:
+        m = r.get("measurement")
+        if not m:
+            continue
+        series.setdefault(r["workload"], []).append((r["target_rate"], m, bool(r["passed"])))
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5.2 * len(PANELS), 4.2))
+    for ax, (key, label) in zip(axes, PANELS, strict=True):
+        plotted = False
+        for name, points in series.items():
+            pts = sorted((x, m.get(key), ok) for x, m, ok in points if _positive(m.get(key)))
+            if not pts:
+                continue
+            color = COLORS.get(name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=color, label=name)
+            for x, y, ok in pts:
+                ax.plot([x], [y], "o", color=color, markerfacecolor=color if ok else "white")
+            plotted = True
+        if key in ("ttft_p95_ms", "latency_p95_ms"):
+            ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO {slo:g} ms")
+        if plotted or key != "itl_median_ms":
+            ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    model = summary.get("model") or ""
+    fig.suptitle(f"{model}: constant-rate sweep (filled = rate passed the SLO)", fontsize=10)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / PLOT_NAME
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int | float) and v > 0

@@ -1,0 +1,130 @@
+"""CSV and Markdown renderings of a summary (see :mod:`slo_loadtest.summary`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CSV_COLUMNS = [
+    "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
+    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "itl_median_ms", "itl_p95_ms",
+    "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "successful", "errored", "incomplete",
+    "dispatch_delay_median_ms", "dispatch_delay_p95_ms", "prompt_tokens_mean",
+    "output_tokens_mean", "duration_s", "stop_reason", "search_probe", "wall_s",
+    "guidellm_version", "reasons", "message",
+]  # fmt: skip
+
+
+def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for r in summary["results"]:
+        row = {k: v for k, v in r.items() if k != "measurement"}
+        row.update(r.get("measurement") or {})
+        row["reasons"] = "; ".join(r.get("reasons") or [])
+        rows.append(row)
+    return rows
+
+
+def to_csv(summary: Mapping[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for row in flat_rows(summary):
+        w.writerow({k: _csv_value(row.get(k)) for k in CSV_COLUMNS})
+    return buf.getvalue()
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, float):
+        return f"{v:.4f}".rstrip("0").rstrip(".") if v == v else ""
+    return "" if v is None else v
+
+
+def _fmt(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _rate(v: Any) -> str:
+    return "none" if v is None else f"{v:g} req/s"
+
+
+def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> str:
+    c = summary["criteria"]
+    out: list[str] = []
+    out.append("# SLO load test")
+    out.append("")
+    out.append(f"- verdict: **{summary['verdict'].upper()}**"
+               + ("" if summary["complete"] else " (partial: the sweep did not finish)"))
+    target, model = summary.get("target") or "–", summary.get("model") or "–"
+    out.append(f"- target: `{target}`, model: `{model}`")
+    out.append(
+        f"- SLO: p95 total latency <= {c['slo_ms']:g} ms; achieved >= "
+        f"{c['min_achieved_ratio']:.0%} of target; errors < {c['max_error_ratio']:.0%}; "
+        f"p95 dispatch delay <= {c['max_dispatch_delay_ms']:g} ms"
+    )
+    if summary.get("require_rate"):
+        out.append(f"- required rate: {summary['require_rate']:g} req/s per workload")
+    out.append(
+        f"- guidellm {summary.get('guidellm_version') or '?'}, slo-loadtest "
+        f"{summary['tool']['version']}, {summary['created_at']}, source: {summary.get('source')}"
+    )
+    if summary.get("failed_step"):
+        f = summary["failed_step"]
+        out.append(f"- **failed at {f['workload']} {f['rate']:g} req/s** ({f['status']}): "
+                   f"{f['message']}")
+    if summary.get("aborted"):
+        out.append(f"- sweep aborted: {summary['aborted'].get('reason', '')}")
+    out.append("")
+    out.append("## Highest passing rate")
+    out.append("")
+    out.append("| workload | highest passing rate | first failing rate | requirement met |")
+    out.append("|---|---|---|---|")
+    for name, w in summary["workloads"].items():
+        req = w.get("requirement_met")
+        out.append(
+            f"| {name} | {_rate(w['highest_passing_rate'])} | {_rate(w['first_failing_rate'])} "
+            f"| {'–' if req is None else ('yes' if req else 'no')} |"
+        )
+    out.append("")
+    out.append("## Per rate")
+    out.append("")
+    out.append(
+        "| workload | target | achieved | TTFT p50 / p95 / p99 ms | ITL median / p95 ms "
+        "| total p95 ms | ok / err / incomplete | dispatch p95 ms | pass | why not |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for row in flat_rows(summary):
+        probe = " (search)" if row.get("search_probe") else ""
+        out.append(
+            f"| {row['workload']} | {row['target_rate']:g}{probe} "
+            f"| {_fmt(row.get('achieved_rate'), 2)} "
+            f"| {_fmt(row.get('ttft_p50_ms'))} / {_fmt(row.get('ttft_p95_ms'))} / "
+            f"{_fmt(row.get('ttft_p99_ms'))} "
+            f"| {_fmt(row.get('itl_median_ms'), 1)} / {_fmt(row.get('itl_p95_ms'), 1)} "
+            f"| {_fmt(row.get('latency_p95_ms'))} "
+            f"| {_fmt(row.get('successful'))} / {_fmt(row.get('errored'))} / "
+            f"{_fmt(row.get('incomplete'))} "
+            f"| {_fmt(row.get('dispatch_delay_p95_ms'))} "
+            f"| {'yes' if row['passed'] else 'no'} | {row['reasons'] or ''} |"
+        )
+    if plots:
+        out.append("")
+        out.append("## Plots")
+        out.append("")
+        for p in plots:
+            out.append(f"![{Path(p).stem}]({Path(p).name})")
+    out.append("")
+    return "\n".join(out)
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

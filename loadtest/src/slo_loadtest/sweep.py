@@ -1,0 +1,282 @@
+"""Running a sweep: preflight, pre-generated datasets, one bounded guidellm run per rate,
+an optional search past the last rate, and a summary that is written even when it goes wrong.
+
+Order: workload by workload, rates ascending. A rate that guidellm could not finish (timeout,
+crash, server unreachable) is followed by a health probe of the server; if the server does not
+answer, the sweep stops there and every remaining rate is recorded as ``not_run``, so the report
+names the failing rate. Nothing waits longer than a step's wall-time bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slo_loadtest import guidellm_adapter as gl
+from slo_loadtest.config import SweepConfig
+from slo_loadtest.dataset import Dataset, DatasetWriter
+from slo_loadtest.verdict import (
+    STATUS_ERROR,
+    STATUS_NOT_RUN,
+    STATUS_OK,
+    RateResult,
+    judge_result,
+)
+
+Log = Callable[[str], None]
+MAX_SEARCH_PROBES = 12
+
+
+def rate_tag(rate: float) -> str:
+    return f"r{rate:g}".replace(".", "p")
+
+
+def _request(url: str, api_key: str, timeout_s: float) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key
+                                 else {})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def resolve_model(target: str, api_key: str = "", timeout_s: float = 10.0) -> str:
+    """The first model the server lists at /v1/models; raises ConnectionError when it can't."""
+    url = target.rstrip("/").removesuffix("/v1") + "/v1/models"
+    try:
+        data = _request(url, api_key, timeout_s)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ConnectionError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+    models = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict)]
+    if not models or not models[0]:
+        raise ConnectionError(f"{url} lists no models")
+    return str(models[0])
+
+
+def server_healthy(target: str, api_key: str = "", timeout_s: float = 5.0) -> bool:
+    base = target.rstrip("/").removesuffix("/v1")
+    for path in ("/health", "/v1/models"):
+        try:
+            req = urllib.request.Request(
+                base + path, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
+            )
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            continue
+    return False
+
+
+@dataclass
+class SweepOutcome:
+    results: list[RateResult]
+    model: str
+    seed: int
+    aborted: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Sweep:
+    def __init__(self, cfg: SweepConfig, log: Log = print) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.seed = cfg.seed if cfg.seed else random.SystemRandom().randrange(1, 2**31)
+        self.model = cfg.model
+        self.results: list[RateResult] = []
+        self.timings: dict[str, float] = {"media_s": 0.0, "guidellm_s": 0.0}
+        self._writer: DatasetWriter | None = None
+
+    # -- public ----------------------------------------------------------------------------
+
+    def run(self) -> SweepOutcome:
+        cfg = self.cfg
+        self.log(f"slo-loadtest: target {cfg.target}, workloads {','.join(cfg.workloads)}, "
+                 f"rates {','.join(f'{r:g}' for r in cfg.rates)}, {cfg.duration_s:g} s each")
+        try:
+            if not self.model:
+                self.model = resolve_model(cfg.target, cfg.api_key)
+                self.log(f"model: {self.model} (from /v1/models)")
+            elif not server_healthy(cfg.target, cfg.api_key):
+                raise ConnectionError(f"{cfg.target} does not answer /health or /v1/models")
+        except ConnectionError as exc:
+            return self._abort_before_start(f"target unreachable: {exc}")
+
+        self._writer = DatasetWriter(cfg.effective_data_dir, cfg.shape, self.seed,
+                                     cfg.tokenizer or None)
+        datasets = self._prepare(cfg.rates)
+        for workload in cfg.workloads:
+            aborted = self._sweep_workload(workload, datasets)
+            if aborted:
+                self._mark_not_run(workload)
+                return self._outcome(aborted)
+        return self._outcome(None)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _prepare(self, rates: tuple[float, ...]) -> dict[tuple[str, float], Dataset]:
+        """Every dataset and media file of the listed rates, before anything is sent."""
+        assert self._writer is not None
+        t0 = time.monotonic()
+        out = {}
+        for workload in self.cfg.workloads:
+            for rate in rates:
+                out[(workload, rate)] = self._writer.write(
+                    workload, rate, self.cfg.duration_s, rate_tag(rate))
+        dt = time.monotonic() - t0
+        self.timings["media_s"] += dt
+        rows = sum(d.rows for d in out.values())
+        self.log(f"datasets: {rows} rows for {len(out)} steps written in {dt:.1f} s "
+                 f"({self.cfg.effective_data_dir})")
+        return out
+
+    def _sweep_workload(self, workload: str, datasets: dict[tuple[str, float], Dataset]
+                        ) -> dict[str, Any] | None:
+        for rate in self.cfg.rates:
+            r = self._step(workload, rate, datasets[(workload, rate)])
+            if r.status != STATUS_OK and not server_healthy(self.cfg.target, self.cfg.api_key):
+                return {"workload": workload, "rate": rate,
+                        "reason": f"server stopped answering at {workload} {rate:g} req/s: "
+                                  f"{r.message}"}
+        if self.cfg.search_beyond:
+            return self._search(workload)
+        return None
+
+    def _step(self, workload: str, rate: float, ds: Dataset, probe: bool = False) -> RateResult:
+        cfg = self.cfg
+        spec = gl.StepSpec(
+            target=cfg.target, model=self.model, rate=rate, duration_s=cfg.duration_s,
+            warmup_s=cfg.warmup_s, data_path=ds.path,
+            step_dir=cfg.out / "steps" / f"{workload}-{rate_tag(rate)}",
+            request_timeout_s=cfg.request_timeout_s, max_workers=cfg.max_workers,
+            api_key=cfg.api_key, tokenizer=cfg.tokenizer, sample_size=cfg.report_samples,
+            labels={"workload": workload, "rate": f"{rate:g}", "tool": "slo-loadtest"},
+        )
+        self.log(f"[{workload} {rate:g} req/s] guidellm run ({ds.rows} rows, bound "
+                 f"{cfg.effective_step_timeout_s:.0f} s)")
+        outcome = gl.run_step(spec, cfg.effective_step_timeout_s)
+        self.timings["guidellm_s"] += outcome.wall_s
+        r = RateResult(workload=workload, target_rate=rate, status=outcome.status,
+                       message=outcome.message, wall_s=round(outcome.wall_s, 2),
+                       guidellm_version=gl.guidellm_version(), search_probe=probe)
+        if outcome.report_path is not None:
+            r.report_path = str(outcome.report_path)
+            try:
+                report = gl.load_report(outcome.report_path)
+                if report.measurements:
+                    r.measurement = report.measurements[0]
+                    r.measurement.target_rate = rate
+                    r.guidellm_version = report.guidellm_version
+            except (ValueError, OSError) as exc:
+                r.status, r.message = STATUS_ERROR, f"unreadable guidellm report: {exc}"
+        if r.status == STATUS_OK and r.measurement is None:
+            r.status, r.message = STATUS_ERROR, "guidellm report has no benchmark"
+        judge_result(r, cfg.criteria)
+        self.results.append(r)
+        self.log(self._line(r))
+        return r
+
+    @staticmethod
+    def _line(r: RateResult) -> str:
+        m = r.measurement
+        head = f"[{r.workload} {r.target_rate:g} req/s]"
+        if r.status != STATUS_OK or m is None:
+            return f"{head} {r.status.upper()}: {r.message}"
+        def f(v: float | None) -> str:
+            return "-" if v is None else f"{v:.0f}"
+        return (f"{head} {'PASS' if r.passed else 'FAIL'} achieved "
+                f"{(m.achieved_rate or 0):.2f} req/s, TTFT p95 {f(m.ttft_p95_ms)} ms, "
+                f"total p95 {f(m.latency_p95_ms)} ms, ok/err/inc {m.successful}/{m.errored}/"
+                f"{m.incomplete}, dispatch p95 {f(m.dispatch_delay_p95_ms)} ms"
+                + ("" if r.passed else f" ({'; '.join(r.reasons)})"))
+
+    # -- search past the last rate -----------------------------------------------------------
+
+    def next_probe(self, passed: list[float], failed: list[float]) -> float | None:
+        """Pure search policy: grow the step geometrically while rates pass, then bisect
+        between the highest pass and the lowest failure above it."""
+        cfg = self.cfg
+        lo = max(passed) if passed else None
+        hi_candidates = [f for f in failed if lo is None or f > lo]
+        hi = min(hi_candidates) if hi_candidates else None
+        if lo is None:
+            return None
+        if hi is None:
+            last = max(cfg.rates)
+            step0 = cfg.search_step if cfg.search_step > 0 else last
+            n_beyond = len([p for p in passed if p > last])
+            nxt = lo + step0 * (2 ** n_beyond)
+            nxt = min(nxt, cfg.search_max_rate)
+            return None if nxt <= lo else _round_rate(nxt)
+        if hi - lo <= cfg.search_resolution:
+            return None
+        mid = _round_rate((lo + hi) / 2)
+        return None if mid <= lo or mid >= hi else mid
+
+    def _search(self, workload: str) -> dict[str, Any] | None:
+        rs = [r for r in self.results if r.workload == workload]
+        if not rs or not all(r.passed for r in rs):
+            self.log(f"[{workload}] search beyond: not started (not every listed rate passed)")
+            return None
+        passed = [r.target_rate for r in rs]
+        failed: list[float] = []
+        assert self._writer is not None
+        for _ in range(MAX_SEARCH_PROBES):
+            rate = self.next_probe(passed, failed)
+            if rate is None:
+                break
+            t0 = time.monotonic()
+            ds = self._writer.write(workload, rate, self.cfg.duration_s, rate_tag(rate))
+            self.timings["media_s"] += time.monotonic() - t0
+            r = self._step(workload, rate, ds, probe=True)
+            (passed if r.passed else failed).append(rate)
+            if r.status != STATUS_OK and not server_healthy(self.cfg.target, self.cfg.api_key):
+                return {"workload": workload, "rate": rate,
+                        "reason": f"server stopped answering at {workload} {rate:g} req/s "
+                                  f"(search): {r.message}"}
+        self.log(f"[{workload}] search beyond: highest passing {max(passed):g} req/s")
+        return None
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def _mark_not_run(self, from_workload: str) -> None:
+        done = {(r.workload, r.target_rate) for r in self.results}
+        for w in self.cfg.workloads:
+            for rate in self.cfg.rates:
+                if (w, rate) not in done:
+                    self.results.append(RateResult(workload=w, target_rate=rate,
+                                                   status=STATUS_NOT_RUN, message="not run"))
+
+    def _abort_before_start(self, reason: str) -> SweepOutcome:
+        self.log(f"ABORT: {reason}")
+        first = self.cfg.workloads[0]
+        self.results.append(RateResult(workload=first, target_rate=self.cfg.rates[0],
+                                       status=STATUS_ERROR, message=reason))
+        self._mark_not_run(first)
+        return self._outcome({"workload": first, "rate": self.cfg.rates[0], "reason": reason})
+
+    def _outcome(self, aborted: dict[str, Any] | None) -> SweepOutcome:
+        if aborted:
+            self.log(f"sweep stopped: {aborted['reason']}")
+        return SweepOutcome(results=self.results, model=self.model, seed=self.seed,
+                            aborted=aborted, timings=self.timings)
+
+
+def _round_rate(r: float) -> float:
+    return math.floor(r * 100 + 0.5) / 100
+
+
+def config_record(cfg: SweepConfig, seed: int) -> dict[str, Any]:
+    """The configuration as stored in the summary (no secrets)."""
+    d = asdict(cfg)
+    d.pop("api_key", None)
+    d["seed"] = seed
+    d["out"] = str(cfg.out)
+    d["data_dir"] = str(cfg.effective_data_dir)
+    d["step_timeout_s"] = cfg.effective_step_timeout_s
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}

@@ -1,0 +1,111 @@
+"""Parsing and checking of user input, before anything runs.
+
+Each function raises ``ValueError`` with a message meant for a human; the CLI turns it into a
+``click.BadParameter`` that names the flag.
+"""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import urlparse
+
+from slo_loadtest.config import WORKLOAD_KINDS
+
+MAX_RATES = 200
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """Parse '1,2,5', '1..20', '1..20:2', or a mix ('1,2,5..10:5'). Rates are req/s, > 0,
+    finite, strictly increasing after sorting, no duplicates."""
+    text = (text or "").strip()
+    if not text:
+        raise ValueError("no rates given; use e.g. '1,2,5' or '1..20'")
+    rates: list[float] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise ValueError(f"empty item in rate list {text!r}")
+        if ".." in part:
+            rng, _, step_s = part.partition(":")
+            lo_s, _, hi_s = rng.partition("..")
+            lo, hi = _number(lo_s, part), _number(hi_s, part)
+            step = _number(step_s, part) if step_s else 1.0
+            if step <= 0:
+                raise ValueError(f"range step must be > 0 in {part!r}")
+            if hi < lo:
+                raise ValueError(f"range end is below its start in {part!r}")
+            n = math.floor((hi - lo) / step + 1e-9)
+            if n + 1 > MAX_RATES:
+                raise ValueError(f"range {part!r} gives more than {MAX_RATES} rates")
+            rates.extend(round(lo + i * step, 6) for i in range(n + 1))
+        else:
+            rates.append(_number(part, part))
+    for r in rates:
+        if not math.isfinite(r) or r <= 0:
+            raise ValueError(f"rate {r:g} is not a positive number of requests per second")
+    if len(set(rates)) != len(rates):
+        raise ValueError(f"duplicate rates in {text!r}")
+    if len(rates) > MAX_RATES:
+        raise ValueError(f"more than {MAX_RATES} rates")
+    return tuple(sorted(rates))
+
+
+def _number(s: str, where: str) -> float:
+    try:
+        value = float(s.strip())
+    except ValueError:
+        raise ValueError(f"{s.strip()!r} in {where!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{s.strip()!r} in {where!r} is not a finite number")
+    return value
+
+
+def parse_workloads(text: str) -> tuple[str, ...]:
+    items = tuple(w.strip().lower() for w in (text or "").split(",") if w.strip())
+    if not items:
+        raise ValueError(f"no workloads given; choose from {', '.join(WORKLOAD_KINDS)}")
+    bad = [w for w in items if w not in WORKLOAD_KINDS]
+    if bad:
+        raise ValueError(
+            f"unknown workload(s) {', '.join(bad)}; choose from {', '.join(WORKLOAD_KINDS)}"
+        )
+    if len(set(items)) != len(items):
+        raise ValueError(f"duplicate workloads in {text!r}")
+    return items
+
+
+def check_target(url: str) -> str:
+    """An http(s) URL with a host; returns it without a trailing slash."""
+    url = (url or "").strip()
+    if not url:
+        raise ValueError("a target URL is required, e.g. http://127.0.0.1:8000")
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    if not parsed.hostname:
+        raise ValueError(f"{url!r} has no host")
+    try:
+        port = parsed.port
+    except ValueError:
+        raise ValueError(f"{url!r} has an invalid port") from None
+    if port == 0:
+        raise ValueError(f"{url!r} has an invalid port 0")
+    return url.rstrip("/")
+
+
+def check_positive(value: float, what: str) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive number, got {value:g}")
+    return value
+
+
+def check_slo_ms(value: float) -> float:
+    check_positive(value, "the SLO")
+    if value > 3_600_000:
+        raise ValueError(f"the SLO of {value:g} ms is more than an hour; it is in milliseconds")
+    return value
+
+
+def check_ratio(value: float, what: str) -> float:
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"{what} must be between 0 and 1, got {value:g}")
+    return value

@@ -1,0 +1,118 @@
+"""Judging one rate, and a whole workload's sweep, against the SLO.
+
+A rate passes when all of these hold:
+
+* p95 total request latency (client side, successful requests) <= the SLO (default 300 ms);
+* achieved rate >= 95 % of the target rate;
+* errored requests < 1 % of all requests;
+* the client kept up: p95 of guidellm's request dispatch delay (how late a request left the
+  client compared with its schedule) <= 50 ms. Above that the client, not the server, set the
+  pace and the latencies are not those of the target rate (coordinated omission);
+* at most ``ceil(rate x SLO) + 1`` requests were left incomplete when the duration ended: more
+  means requests older than the SLO were still running, which the latency percentiles of the
+  successful requests cannot show;
+* the rate actually ran (guidellm produced a report with at least one successful request).
+
+A workload's *highest passing rate* is the highest tested rate such that it and every lower
+tested rate passed, so one lucky rate above a failing one does not count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slo_loadtest.config import Criteria
+from slo_loadtest.guidellm_adapter import Measurement
+
+STATUS_OK = "ok"  # guidellm ran and wrote a report
+STATUS_TIMEOUT = "timeout"  # killed by our wall-time bound
+STATUS_ERROR = "error"  # guidellm failed / server unreachable
+STATUS_NOT_RUN = "not_run"  # the sweep stopped before this rate
+
+
+@dataclass
+class RateResult:
+    workload: str
+    target_rate: float
+    status: str = STATUS_OK
+    passed: bool = False
+    reasons: list[str] = field(default_factory=list)
+    measurement: Measurement | None = None
+    message: str = ""
+    report_path: str = ""
+    guidellm_version: str = ""
+    wall_s: float | None = None
+    search_probe: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        m = d.pop("measurement") or {}
+        m.pop("target_rate", None)
+        d.update(m)
+        return d
+
+
+def allowed_incomplete(rate: float, slo_ms: float) -> int:
+    return math.ceil(rate * slo_ms / 1000.0) + 1
+
+
+def judge(m: Measurement, c: Criteria) -> tuple[bool, list[str]]:
+    """Return (passed, reasons it failed)."""
+    reasons: list[str] = []
+    total = m.successful + m.errored + m.incomplete
+    if m.successful == 0:
+        reasons.append("no successful requests")
+    if m.latency_p95_ms is None:
+        reasons.append("no p95 latency")
+    elif m.latency_p95_ms > c.slo_ms:
+        reasons.append(f"p95 latency {m.latency_p95_ms:.0f} ms > SLO {c.slo_ms:g} ms")
+    if m.achieved_rate is None:
+        reasons.append("no achieved rate")
+    elif m.achieved_rate < c.min_achieved_ratio * m.target_rate:
+        reasons.append(
+            f"achieved {m.achieved_rate:.2f} req/s < {c.min_achieved_ratio:.0%} of "
+            f"{m.target_rate:g}"
+        )
+    if total and m.errored / total >= c.max_error_ratio:
+        reasons.append(f"errors {m.errored}/{total} >= {c.max_error_ratio:.0%}")
+    if m.dispatch_delay_p95_ms is not None and m.dispatch_delay_p95_ms > c.max_dispatch_delay_ms:
+        reasons.append(
+            f"client fell behind: p95 dispatch delay {m.dispatch_delay_p95_ms:.0f} ms > "
+            f"{c.max_dispatch_delay_ms:g} ms"
+        )
+    allowed = allowed_incomplete(m.target_rate, c.slo_ms)
+    if m.incomplete > allowed:
+        reasons.append(f"{m.incomplete} incomplete requests > {allowed} allowed in flight")
+    if m.stop_reason and "requests_exhausted" in m.stop_reason:
+        reasons.append("dataset ran out of rows before the duration ended")
+    return (not reasons), reasons
+
+
+def judge_result(r: RateResult, c: Criteria) -> RateResult:
+    if r.status != STATUS_OK or r.measurement is None:
+        r.passed = False
+        if not r.reasons:
+            r.reasons = [r.message or r.status]
+        return r
+    r.passed, r.reasons = judge(r.measurement, c)
+    return r
+
+
+def highest_passing_rate(results: list[RateResult]) -> float | None:
+    best: float | None = None
+    for r in sorted((r for r in results if r.status != STATUS_NOT_RUN),
+                    key=lambda r: r.target_rate):
+        if not r.passed:
+            break
+        best = r.target_rate
+    return best
+
+
+def first_failing_rate(results: list[RateResult]) -> float | None:
+    for r in sorted((r for r in results if r.status != STATUS_NOT_RUN),
+                    key=lambda r: r.target_rate):
+        if not r.passed:
+            return r.target_rate
+    return None

@@ -1,0 +1,83 @@
+"""A small real HTTP server speaking just enough of the OpenAI chat API (streaming) for guidellm,
+that records every request body it receives. Used to check what guidellm 0.8.1 actually sends
+for our datasets; it is not a stand-in for vLLM in any latency test."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class RecordingServer:
+    def __init__(self, model: str = "rec-model", tokens: int = 10, delay_s: float = 0.0) -> None:
+        self.model = model
+        self.tokens = tokens
+        self.delay_s = delay_s
+        self.bodies: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _json(self, code: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") == "/health":
+                    self._json(200, {})
+                elif self.path.rstrip("/") == "/v1/models":
+                    self._json(200, {"object": "list", "data": [{"id": server.model}]})
+                else:
+                    self._json(404, {"error": "not found"})
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                with server._lock:
+                    server.bodies.append(body)
+                if not self.path.endswith("/chat/completions"):
+                    self._json(404, {"error": "not found"})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for i in range(server.tokens):
+                    time.sleep(server.delay_s)
+                    chunk = {
+                        "id": "r", "object": "chat.completion.chunk", "model": server.model,
+                        "choices": [{"index": 0, "delta": {"content": f" t{i}"}}],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": i + 1,
+                                  "total_tokens": 6 + i},
+                    }
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> RecordingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,128 @@
+"""The verdict and every output, from guidellm 0.8.1 JSON reports recorded against the real local
+vLLM (tests/fixtures, produced by tests/fixtures/record_fixtures.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slo_loadtest.cli import cli
+from slo_loadtest.config import Criteria
+from slo_loadtest.guidellm_adapter import load_report
+from slo_loadtest.verdict import allowed_incomplete, judge
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LENIENT = Criteria(slo_ms=600_000, min_achieved_ratio=0.0, max_error_ratio=1.0,
+                   max_dispatch_delay_ms=600_000)
+
+
+def m(name: str):
+    (one,) = load_report(FIXTURES / f"{name}.json").measurements
+    return one
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
+def test_fixtures_are_real_small_guidellm_081_reports(path: Path) -> None:
+    assert path.stat().st_size < 300_000
+    rep = load_report(path)
+    assert rep.guidellm_version == "0.8.1"
+    (one,) = rep.measurements
+    assert one.labels["fixture"] == path.stem
+    assert one.target_rate == float(one.labels["rate"])
+
+
+def test_ordinary_run_is_measured() -> None:
+    x = m("text-1rps")
+    assert x.successful > 0 and x.errored == 0
+    for v in (x.ttft_p50_ms, x.ttft_p95_ms, x.ttft_p99_ms, x.itl_median_ms, x.itl_p95_ms,
+              x.latency_p95_ms, x.dispatch_delay_p95_ms, x.achieved_rate):
+        assert v is not None and v > 0
+    assert x.ttft_p50_ms <= x.ttft_p95_ms <= x.ttft_p99_ms
+    assert x.latency_p95_ms >= x.ttft_p95_ms
+    assert x.output_tokens_mean == 10
+    assert x.prompt_tokens_mean >= 100  # sized with the model's own tokenizer
+    assert x.stop_reason == "max_duration"
+    ok, reasons = judge(x, LENIENT)
+    assert ok, reasons
+    # the same run against a 1 ms SLO fails on latency and only on latency
+    ok, reasons = judge(x, Criteria(slo_ms=1, min_achieved_ratio=0.0, max_error_ratio=1.0,
+                                    max_dispatch_delay_ms=600_000))
+    assert not ok and any("> SLO 1 ms" in r for r in reasons)
+
+
+def test_errors_fail_the_rate() -> None:
+    x = m("video-errors")
+    assert x.errored > 0
+    ok, reasons = judge(x, LENIENT.__class__(**{**LENIENT.__dict__, "max_error_ratio": 0.01}))
+    assert not ok and any(r.startswith("errors ") for r in reasons), reasons
+
+
+def test_incompletes_beyond_the_in_flight_allowance_fail() -> None:
+    x = m("video-incomplete")
+    assert x.incomplete > allowed_incomplete(x.target_rate, 300)
+    ok, reasons = judge(x, Criteria(slo_ms=300, min_achieved_ratio=0.0, max_error_ratio=1.0,
+                                    max_dispatch_delay_ms=600_000))
+    assert not ok and any("incomplete" in r for r in reasons), reasons
+
+
+def test_client_that_fell_behind_fails() -> None:
+    x = m("text-fell-behind")
+    assert x.dispatch_delay_p95_ms > 50
+    assert x.achieved_rate < 0.95 * x.target_rate
+    ok, reasons = judge(x, Criteria(slo_ms=600_000, min_achieved_ratio=0.0,
+                                    max_error_ratio=1.0, max_dispatch_delay_ms=50))
+    assert not ok and any("client fell behind" in r for r in reasons), reasons
+    ok, reasons = judge(x, Criteria(slo_ms=600_000, min_achieved_ratio=0.95,
+                                    max_error_ratio=1.0, max_dispatch_delay_ms=600_000))
+    assert not ok and any(r.startswith("achieved") for r in reasons), reasons
+
+
+def test_analyze_cli_writes_every_output_and_exit_code(tmp_path: Path) -> None:
+    runner = CliRunner()
+    reports = [str(FIXTURES / f) for f in ("text-1rps.json", "video-incomplete.json")]
+    out = tmp_path / "a"
+    r = runner.invoke(cli, ["analyze", *reports, "--out", str(out), "--slo-ms", "600000",
+                            "--min-achieved-ratio", "0", "--max-dispatch-delay-ms", "600000"])
+    assert r.exit_code == 1, r.output  # video's incompletes fail it
+    s = json.loads((out / "summary.json").read_text())
+    assert s["schema_version"] == 1 and s["guidellm_version"] == "0.8.1"
+    assert s["workloads"]["text"]["highest_passing_rate"] == 1.0
+    assert s["workloads"]["video"]["highest_passing_rate"] is None
+    assert s["workloads"]["video"]["first_failing_rate"] == 3.0
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert {row["workload"] for row in rows} == {"text", "video"}
+    assert rows[0]["ttft_p95_ms"] and rows[0]["guidellm_version"] == "0.8.1"
+    md = (out / "report.md").read_text()
+    assert "Highest passing rate" in md and "latency-vs-rate.png" in md
+    assert (out / "latency-vs-rate.png").stat().st_size > 5000
+
+    # require-rate: text passes at 1 req/s, so requiring 1 passes and requiring 2 fails
+    r = runner.invoke(cli, ["analyze", reports[0], "--slo-ms", "600000",
+                            "--min-achieved-ratio", "0", "--max-dispatch-delay-ms", "600000",
+                            "--require-rate", "1"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["analyze", reports[0], "--slo-ms", "600000", "--require-rate", "2"])
+    assert r.exit_code == 1
+
+    # a run directory / summary re-judged with other criteria
+    r = runner.invoke(cli, ["analyze", str(out), "--slo-ms", "1", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 1
+    s2 = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert s2["workloads"]["text"]["highest_passing_rate"] is None
+    assert s2["criteria"]["slo_ms"] == 1
+
+
+def test_analyze_rejects_bad_input(tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    r = CliRunner().invoke(cli, ["analyze", str(bad)])
+    assert r.exit_code == 2 and "neither a guidellm JSON report" in r.output
+    r = CliRunner().invoke(cli, ["analyze", str(FIXTURES / "text-1rps.json"), "--slo-ms", "-1"])
+    assert r.exit_code == 2 and "--slo-ms" in r.output
+    same = str(FIXTURES / "text-1rps.json")
+    r = CliRunner().invoke(cli, ["analyze", same, same])
+    assert r.exit_code == 2 and "two results" in r.output

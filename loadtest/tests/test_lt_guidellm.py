@@ -1,0 +1,111 @@
+"""What guidellm 0.8.1 really sends for our datasets, and how its runs are bounded: real
+guidellm subprocesses through the adapter against a real local HTTP server that records every
+request body (tests/lt_recording_server.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from pathlib import Path
+
+from lt_recording_server import RecordingServer
+
+from slo_loadtest import guidellm_adapter as gl
+from slo_loadtest.config import WorkloadShape
+from slo_loadtest.dataset import DatasetWriter
+
+SHAPE = WorkloadShape(prompt_tokens=40, video_frames=2, video_width=64, video_height=48,
+                      image_width=64, image_height=48, images_per_request=2)
+
+
+def _spec(srv: RecordingServer, ds: Path, step: Path, **kw: object) -> gl.StepSpec:
+    return gl.StepSpec(target=srv.url, model=srv.model, rate=2, duration_s=3, warmup_s=0,
+                       data_path=ds, step_dir=step, max_workers=1,
+                       labels={"workload": "video"}, **kw)  # type: ignore[arg-type]
+
+
+def test_video_rows_become_video_url_data_urls(tmp_path: Path) -> None:
+    ds = DatasetWriter(tmp_path / "d", SHAPE, seed=5).write("video", 2, 3, "r2")
+    rows = [json.loads(x) for x in ds.path.read_text().splitlines()]
+    with RecordingServer() as srv:
+        out = gl.run_step(_spec(srv, ds.path, tmp_path / "s"), timeout_s=240)
+    assert out.status == "ok", out.message
+    assert srv.bodies, "guidellm sent nothing"
+    body = srv.bodies[0]
+    assert body["model"] == srv.model and body["stream"] is True
+    assert body["max_completion_tokens"] == 10 and body["ignore_eos"] is True
+    (msg,) = body["messages"]
+    text, video = msg["content"]
+    assert text == {"type": "text", "text": rows[0]["prompt"]}
+    assert video["type"] == "video_url"
+    url = video["video_url"]["url"]
+    assert url.startswith("data:video/mp4;base64,")
+    assert base64.b64decode(url.split(",", 1)[1]) == Path(rows[0]["video"]).read_bytes()
+    sent = {b["messages"][0]["content"][0]["text"] for b in srv.bodies}
+    assert len(sent) == len(srv.bodies), "a row was sent twice"
+    # the report: our labels, the version, one benchmark at the target rate
+    rep = gl.load_report(out.report_path)
+    assert rep.guidellm_version == "0.8.1" and rep.measurements[0].target_rate == 2
+    assert rep.measurements[0].labels["workload"] == "video"
+    assert rep.measurements[0].successful >= 4
+    assert out.report_path.stat().st_size < 300_000  # sample_size keeps it small
+    scenario = json.loads((tmp_path / "s" / "scenario.json").read_text())
+    assert scenario["spec"]["profile"] == {"kind": "constant", "rate": [2], "warmup": 0}
+
+
+def test_several_images_go_as_one_message(tmp_path: Path) -> None:
+    ds = DatasetWriter(tmp_path / "d", SHAPE, seed=5).write("image", 2, 3, "r2")
+    with RecordingServer() as srv:
+        out = gl.run_step(_spec(srv, ds.path, tmp_path / "s"), timeout_s=240)
+    assert out.status == "ok", out.message
+    parts = srv.bodies[0]["messages"][0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image_url", "image_url"]
+    assert set(parts[1]) == {"type", "image_url"}  # no null keys from the jsonl round trip
+
+
+def test_a_hung_guidellm_is_killed_at_the_bound(tmp_path: Path) -> None:
+    """guidellm 0.8.1 waits forever when every row is unusable (here: a list in the image
+    column); the adapter kills its whole process group at the wall-time bound."""
+    ds = tmp_path / "bad.jsonl"
+    ds.write_text("".join(json.dumps({"prompt": "x", "image": ["/a.jpg", "/b.jpg"],
+                                      "output_tokens_count": 10}) + "\n" for _ in range(10)))
+    with RecordingServer() as srv:
+        t0 = time.monotonic()
+        out = gl.run_step(_spec(srv, ds, tmp_path / "s"), timeout_s=45)
+        took = time.monotonic() - t0
+    assert out.status == "timeout" and out.report_path is None
+    assert 45 <= took < 45 + 25
+    assert "did not finish within 45 s" in out.message
+    log = (tmp_path / "s" / "guidellm.log").read_text()
+    assert "Unsupported image type" in log
+    # nothing of that run survives: guidellm's workers ran in its process group
+    for pid in _pids_with(str(tmp_path / "s" / "scenario.json")):
+        raise AssertionError(f"guidellm process {pid} outlived the bound")
+
+
+def _pids_with(needle: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return [p for p in found if p != os.getpid() and _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+
+
+

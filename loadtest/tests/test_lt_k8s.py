@@ -1,0 +1,217 @@
+"""`slo-loadtest k8s` against the real kubernetes client, its HTTP layer pointed at a fake API
+server (tests/fake_kube_api.py): no Kubernetes control plane can run on these machines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from lt_fake_kube_api import FakeKubeAPI
+
+from slo_loadtest.cli import cli
+from slo_loadtest.config import Criteria
+from slo_loadtest.guidellm_adapter import load_report
+from slo_loadtest.k8s import (
+    JOB_SCRIPT,
+    JobOptions,
+    LoadTestJobs,
+    api_client,
+    job_name,
+    loadtest_job,
+    parse_ready,
+)
+from slo_loadtest.outputs import summary_block
+from slo_loadtest.summary import build_summary
+from slo_loadtest.verdict import RateResult
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "gemma4-serving"
+FIXTURES = Path(__file__).parent / "fixtures"
+NS = "gemma"
+
+
+def _summary() -> dict:
+    m = load_report(FIXTURES / "text-1rps.json").measurements[0]
+    r = RateResult(workload="text", target_rate=m.target_rate, measurement=m)
+    return build_summary([r], Criteria(slo_ms=60000), workloads=["text"], target="http://svc",
+                         model="gemma4-tiny", guidellm_version="0.8.1")
+
+
+def _job_log(rc: int = 0) -> str:
+    return ("slo-loadtest job: waiting for http://svc/health\n"
+            "[text 1 req/s] PASS ...\n" + summary_block(_summary())
+            + f"slo-loadtest job: results ready in /results (exit code {rc}); keeping them "
+              "for 900s\n")
+
+
+def test_job_manifest_is_a_valid_batch_v1_job() -> None:
+    m = loadtest_job(JobOptions(release="g4", namespace=NS, image="reg/gemma4-loadtest:1",
+                                settings={"rates": "1..20", "slo_ms": "300"}, args=("--x",)))
+    assert m["metadata"]["name"].startswith("g4-gemma4-serving-loadtest-cli-")
+    assert len(m["metadata"]["name"]) <= 63
+    pod = m["spec"]["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "loadtest"
+    c = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["SLO_LOADTEST_TARGET"] == "http://g4-gemma4-serving.gemma.svc:8000"
+    assert env["SLO_LOADTEST_RATES"] == "1..20" and env["SLO_LOADTEST_SLO_MS"] == "300"
+    assert env["SLO_LOADTEST_OUT"] == "/results"
+    assert c["command"][:2] == ["/bin/sh", "-c"] and c["args"] == ["--x"]
+    # the kubernetes client's own model accepts it
+    client = api_client(server="http://127.0.0.1:1")
+    from kubernetes.client import V1Job
+
+    obj = client._ApiClient__deserialize(m, V1Job)
+    assert obj.spec.backoff_limit == 0 and obj.spec.template.spec.containers[0].name == "loadtest"
+    assert len(job_name("x" * 80, "20260101000000")) <= 63
+
+
+def _helm() -> str:
+    found = shutil.which("helm") or str(REPO / ".tools" / "bin" / "helm")
+    assert Path(found).exists(), "helm is needed: scripts/install-tools.sh"
+    return found
+
+
+def test_job_matches_the_charts_load_test_job() -> None:
+    """The Job we create and the chart's standalone Job run the same pod."""
+    assert (CHART / "templates" / "_loadtest.tpl").exists()
+    out = subprocess.run(
+        [_helm(), "template", "g4", str(CHART), "-n", NS, "--set", "loadtest.job.enabled=true",
+         "--show-only", "templates/loadtest-job.yaml"],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout
+    chart_job = yaml.safe_load(out)
+    ours = loadtest_job(JobOptions(release="g4", namespace=NS, image="img",
+                                   settings={"workloads": "text,video"}))
+    cpod, opod = chart_job["spec"]["template"]["spec"], ours["spec"]["template"]["spec"]
+    cc, oc = cpod["containers"][0], opod["containers"][0]
+    assert cc["name"] == oc["name"] == "loadtest"
+    assert cc["command"] == oc["command"], "the Job script drifted from the chart's"
+    assert cc["command"][2] == JOB_SCRIPT
+    assert cc["securityContext"] == oc["securityContext"]
+    assert cpod["securityContext"] == opod["securityContext"]
+    assert cpod["restartPolicy"] == opod["restartPolicy"] == "Never"
+    assert chart_job["spec"]["backoffLimit"] == ours["spec"]["backoffLimit"] == 0
+    cenv = {e["name"]: e.get("value") for e in cc["env"]}
+    oenv = {e["name"]: e.get("value") for e in oc["env"]}
+    for key in ("SLO_LOADTEST_TARGET", "SLO_LOADTEST_OUT", "HOME", "MPLCONFIGDIR"):
+        assert cenv[key] == oenv[key], key
+    assert {m["mountPath"] for m in cc["volumeMounts"]} == {m["mountPath"]
+                                                            for m in oc["volumeMounts"]}
+    clabels = chart_job["spec"]["template"]["metadata"]["labels"]
+    olabels = ours["spec"]["template"]["metadata"]["labels"]
+    for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                "app.kubernetes.io/component"):
+        assert clabels[key] == olabels[key], key
+
+
+def test_parse_ready() -> None:
+    assert parse_ready("x\nslo-loadtest job: results ready in /results (exit code 1); k") == (
+        True, 1)
+    assert parse_ready("still running") == (False, None)
+
+
+def test_start_status_logs_fetch_through_the_client(tmp_path: Path) -> None:
+    with FakeKubeAPI() as api:
+        runner = CliRunner()
+        base = ["k8s"]
+        conn = ["-n", NS, "--api-server", api.url]
+        res = runner.invoke(cli, [*base, "start", *conn, "--release", "g4", "--image", "img:1",
+                                  "--set", "rates=1,2", "--set", "duration_s=5"])
+        assert res.exit_code == 0, res.output
+        assert ("POST", f"/apis/batch/v1/namespaces/{NS}/jobs") in api.requests
+        (key,) = api.jobs
+        name = key[1]
+        assert name in res.output
+        env = {e["name"]: e["value"] for e in
+               api.jobs[key]["spec"]["template"]["spec"]["containers"][0]["env"]
+               if "value" in e}
+        assert env["SLO_LOADTEST_RATES"] == "1,2" and env["SLO_LOADTEST_DURATION_S"] == "5"
+
+        def status() -> dict:
+            r = runner.invoke(cli, [*base, "status", *conn])  # newest Job by default
+            assert r.exit_code == 0, r.output
+            return json.loads(r.output)
+
+        assert status()["phase"] == "pending"
+        api.set_pod(NS, name, "Running", "slo-loadtest job: waiting for http://svc/health\n")
+        assert status()["phase"] == "running"
+
+        # fetch before the summary exists: a clear error, no output
+        r = runner.invoke(cli, [*base, "fetch", *conn, "--job", name, "--out",
+                                str(tmp_path / "early")])
+        assert r.exit_code != 0 and "no summary" in r.output
+
+        # logs: follow the stream while the pod writes, until it ends
+        def finish() -> None:
+            time.sleep(0.5)
+            api.set_pod(NS, name, "Running", _job_log(0))
+            time.sleep(0.3)
+            api.set_pod(NS, name, "Succeeded")
+            api.finish_job(NS, name, ok=True)
+
+        t = threading.Thread(target=finish)
+        t.start()
+        r = runner.invoke(cli, [*base, "logs", *conn, "--job", name])
+        t.join()
+        assert r.exit_code == 0, r.output
+        assert "results ready" in r.output and "SUMMARY JSON BEGIN" in r.output
+        assert any("follow=true" in p for _, p in api.requests)
+
+        st = status()
+        assert st["phase"] == "succeeded" and st["exit_code"] == 0
+
+        out = tmp_path / "fetched"
+        r = runner.invoke(cli, [*base, "fetch", *conn, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["schema_version"] == 1 and summary["verdict"] == "pass"
+        assert summary["source"].startswith(f"k8s job/{name}")
+        assert (out / "report.md").exists() and (out / "results.csv").exists()
+        assert (out / "latency-vs-rate.png").stat().st_size > 1000
+
+
+def test_start_wait_fetches_when_results_are_ready(tmp_path: Path) -> None:
+    with FakeKubeAPI() as api:
+        jobs = LoadTestJobs(api_client(server=api.url), NS)
+        manifest = loadtest_job(JobOptions(release="g4", namespace=NS, image="img"))
+        name = jobs.start(manifest)
+
+        def later() -> None:
+            time.sleep(0.5)
+            api.set_pod(NS, name, "Running", _job_log(1))  # the pod stays up: no Job condition
+
+        threading.Thread(target=later).start()
+        s = jobs.wait(name, timeout_s=20, poll_s=0.1)
+        assert s.phase == "results-ready" and s.exit_code == 1
+
+
+def test_missing_job_and_bad_flags() -> None:
+    with FakeKubeAPI() as api:
+        runner = CliRunner()
+        r = runner.invoke(cli, ["k8s", "status", "-n", NS, "--api-server", api.url,
+                                "--job", "nope"])
+        assert r.exit_code == 1 and '"missing"' in r.output
+        r = runner.invoke(cli, ["k8s", "status", "-n", NS, "--api-server", api.url])
+        assert r.exit_code != 0 and "no load-test Job" in r.output
+        r = runner.invoke(cli, ["k8s", "start", "-n", NS, "--api-server", api.url,
+                                "--release", "g4", "--image", "i", "--set", "novalue"])
+        assert r.exit_code == 2 and "--set" in r.output
+        r = runner.invoke(cli, ["k8s", "start", "-n", NS, "--api-server", api.url,
+                                "--release", "g4", "--image", "i", "--target", "ftp://x"])
+        assert r.exit_code == 2 and "--target" in r.output
+        assert not api.jobs
+
+
+@pytest.mark.parametrize("flag", ["--dry-run"])
+def test_start_dry_run_prints_manifest(flag: str) -> None:
+    r = CliRunner().invoke(cli, ["k8s", "start", "--release", "g4", "--image", "i", flag])
+    assert r.exit_code == 0
+    assert json.loads(r.output)["kind"] == "Job"

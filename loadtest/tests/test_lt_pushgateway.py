@@ -1,0 +1,113 @@
+"""Pushing a summary to a real Prometheus Pushgateway (Debian's prometheus-pushgateway)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slo_loadtest.cli import cli
+from slo_loadtest.config import Criteria
+from slo_loadtest.guidellm_adapter import load_report
+from slo_loadtest.pushgateway import push
+from slo_loadtest.summary import build_summary
+from slo_loadtest.verdict import RateResult
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def pushgateway(tmp_path: Path) -> Iterator[str]:
+    binary = shutil.which("prometheus-pushgateway")
+    assert binary, "apt-get install -y prometheus-pushgateway"
+    port = _free_port()
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/-/ready", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "pushgateway did not start"
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _metrics(url: str) -> str:
+    return urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+
+
+def _summary(slo_ms: float) -> dict:
+    rs = []
+    for name, workload in (("text-1rps", "text"), ("video-incomplete", "video")):
+        m = load_report(FIXTURES / f"{name}.json").measurements[0]
+        rs.append(RateResult(workload=workload, target_rate=m.target_rate, measurement=m))
+    return build_summary(rs, Criteria(slo_ms=slo_ms, min_achieved_ratio=0,
+                                      max_dispatch_delay_ms=1e6), workloads=["text", "video"])
+
+
+def test_push_names_labels_and_values(pushgateway: str) -> None:
+    pushed = push(pushgateway, _summary(600_000))
+    assert [u.rsplit("/", 1)[1] for u in pushed] == ["text", "video"]
+    text = _metrics(pushgateway)
+    lines = [ln for ln in text.splitlines() if ln.startswith("slo_loadtest_")]
+    assert any(ln.startswith('slo_loadtest_e2e_p95_seconds{instance="",job="slo_loadtest",'
+                             'rate="1",workload="text"}') for ln in lines), lines
+    for name in ("ttft_p95_seconds", "itl_p95_seconds", "achieved_rps", "error_ratio"):
+        assert any(ln.startswith(f"slo_loadtest_{name}{{") and 'workload="text"' in ln
+                   for ln in lines), name
+    assert 'slo_loadtest_slo_pass{instance="",job="slo_loadtest",workload="text"} 1' in text
+    assert 'slo_loadtest_slo_pass{instance="",job="slo_loadtest",workload="video"} 0' in text
+    assert 'slo_loadtest_max_rate_within_slo{instance="",job="slo_loadtest",workload="text"} 1' \
+        in text
+    assert "slo_loadtest_last_run_timestamp_seconds{" in text
+
+
+def test_a_new_push_replaces_the_workloads_group(pushgateway: str) -> None:
+    push(pushgateway, _summary(600_000))
+    push(pushgateway, _summary(1))  # now text fails too
+    text = _metrics(pushgateway)
+    assert 'slo_loadtest_slo_pass{instance="",job="slo_loadtest",workload="text"} 0' in text
+
+
+def test_analyze_pushes_and_unreachable_gateway_is_an_error(pushgateway: str) -> None:
+    r = CliRunner().invoke(cli, ["analyze", str(FIXTURES / "text-1rps.json"), "--slo-ms",
+                                 "600000", "--pushgateway", pushgateway])
+    assert "slo_loadtest_slo_pass" in _metrics(pushgateway), r.output
+    with pytest.raises(RuntimeError, match="push to"):
+        push(f"http://127.0.0.1:{_free_port()}", _summary(1), timeout_s=2)
+
+
+def test_only_dashboard_metric_names_are_written() -> None:
+    """dashboards/generate.py lists the names the dashboard reads; we write no others."""
+    import re
+
+    written = {m for f in (REPO / "loadtest" / "src").rglob("*.py")
+               for m in re.findall(r"slo_loadtest_[a-z0-9_]+", f.read_text())}
+    expected = {"slo_loadtest_e2e_p95_seconds", "slo_loadtest_ttft_p95_seconds",
+                "slo_loadtest_itl_p95_seconds", "slo_loadtest_achieved_rps",
+                "slo_loadtest_error_ratio", "slo_loadtest_slo_pass",
+                "slo_loadtest_max_rate_within_slo", "slo_loadtest_last_run_timestamp_seconds"}
+    assert written == expected
+    gen = (REPO / "dashboards" / "generate.py").read_text()
+    assert all(name in gen for name in expected)
