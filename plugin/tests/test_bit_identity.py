@@ -125,3 +125,28 @@ def test_rejects_inconsistent_token_counts(tower):
     pvs, pps = H.batch([H.FRAME_480P], dtype)
     with pytest.raises(ValueError, match="valid patches"):
         encode_frames(tower, pvs, pps, valid_tokens=[71])
+
+
+def test_stock_pooler_impl_is_identical_too(tower):
+    from gemma4_batched_encoder.chunk import exact_chunk
+
+    dtype = next(tower.parameters()).dtype
+    pvs, pps = H.batch([H.FRAME_480P] * 3, dtype, seed=21)
+    ref = serial_per_item(tower, pvs, pps)
+    with torch.inference_mode():
+        got = exact_chunk(tower, torch.stack(pvs), torch.stack(pps), True, pooler="stock")
+    assert_identical([got[i, :63] for i in range(3)], ref)
+
+
+def test_self_check_switches_to_stock_pooler_when_batched_one_drifts(tower, monkeypatch):
+    """If transformers' pooler changes, the self-check picks the tower's own pooler per item."""
+    from gemma4_batched_encoder import chunk
+    from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+
+    real = chunk.pool_exact
+    monkeypatch.setattr(chunk, "pool_exact", lambda *a: real(*a) * 1.0001)
+    enc = BatchedVisionEncoder(tower, Settings())
+    dtype = next(tower.parameters()).dtype
+    assert enc.pooler_impl(torch.device("cpu"), dtype) == "stock"
+    pvs, pps = H.batch([H.FRAME_480P] * 2 + [H.image(140)], dtype, seed=22)
+    assert_identical(enc.encode(pvs, pps), serial_per_item(tower, pvs, pps))

@@ -8,11 +8,29 @@ to skip it, which syncs) and lengths come from the caller.
 
 from __future__ import annotations
 
+import inspect
+from typing import Literal
+
 import torch
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 
 from .pooling import pool_batched, pool_exact
+
+PoolerImpl = Literal["batched", "stock"]
+
+# Older transformers lack this switch; their mask builder then probes `mask.all()` (a sync, and
+# no CUDA-graph capture: the graph runner falls back to eager), with the same resulting mask.
+_SKIP_KWARG = (
+    "allow_is_bidirectional_skip" in inspect.signature(create_bidirectional_mask).parameters
+)
+
+
+def padded_attention_mask(vt: nn.Module, embeds: torch.Tensor, padding: torch.Tensor) -> object:
+    kwargs = {"allow_is_bidirectional_skip": False} if _SKIP_KWARG else {}
+    return create_bidirectional_mask(
+        config=vt.encoder.config, inputs_embeds=embeds, attention_mask=~padding, **kwargs
+    )
 
 
 def _finish(vt: nn.Module, pooled: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -23,31 +41,43 @@ def _finish(vt: nn.Module, pooled: torch.Tensor, dtype: torch.dtype) -> torch.Te
 
 
 def exact_chunk(
-    vt: nn.Module, pixel_values: torch.Tensor, position_ids: torch.Tensor, has_padding: bool
+    vt: nn.Module,
+    pixel_values: torch.Tensor,
+    position_ids: torch.Tensor,
+    has_padding: bool,
+    pooler: PoolerImpl = "batched",
 ) -> torch.Tensor:
     """[B, L, H] pooled soft tokens (padded bins included), bit-identical per item to the tower.
 
     ``has_padding`` must be the same for every item: the per-item reference attends without a mask
-    when an item has no padding patches and with one otherwise.
+    when an item has no padding patches and with one otherwise. ``pooler='stock'`` calls the
+    tower's own pooler per item (used when ``pool_exact`` does not reproduce this transformers).
     """
     cfg = vt.config
     k = cfg.pooling_kernel_size
     output_length = pixel_values.shape[1] // (k * k)
     padding = (position_ids == -1).all(dim=-1)
     embeds = vt.patch_embedder(pixel_values, position_ids, padding)
-    mask = None
-    if has_padding:
-        # The mask transformers would build for a padded item, without its `.all()` probe.
-        mask = create_bidirectional_mask(
-            config=vt.encoder.config,
-            inputs_embeds=embeds,
-            attention_mask=~padding,
-            allow_is_bidirectional_skip=False,
-        )
+    # The mask transformers builds for a padded item (without its `.all()` probe); none otherwise.
+    mask = padded_attention_mask(vt, embeds, padding) if has_padding else None
     hidden = vt.encoder(
         inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
     ).last_hidden_state
-    pooled = pool_exact(hidden, position_ids, padding, output_length, k, vt.pooler.root_hidden_size)
+    if pooler == "stock":
+        rows = [
+            vt.pooler(
+                hidden_states=hidden[i : i + 1],
+                pixel_position_ids=position_ids[i : i + 1],
+                padding_positions=padding[i : i + 1],
+                output_length=output_length,
+            )[0].float()
+            for i in range(hidden.shape[0])
+        ]
+        pooled = torch.cat(rows, dim=0)
+    else:
+        pooled = pool_exact(
+            hidden, position_ids, padding, output_length, k, vt.pooler.root_hidden_size
+        )
     return _finish(vt, pooled, embeds.dtype)
 
 

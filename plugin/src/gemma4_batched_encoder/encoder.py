@@ -8,7 +8,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from .chunk import exact_chunk, fast_chunk
+from .chunk import PoolerImpl, exact_chunk, fast_chunk
 from .cuda_graphs import CudaGraphRunner
 from .inputs import Item, PixelInput, build_items, bytes_per_item, chunks, group_items
 from .settings import Mode, Settings
@@ -33,6 +33,7 @@ class BatchedVisionEncoder:
         self.vt = vision_tower
         self.settings = settings or Settings.from_env()
         self.graphs = CudaGraphRunner(self.settings.cuda_graph_max_items)
+        self._poolers: dict[tuple[torch.device, torch.dtype], PoolerImpl] = {}
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
             self._fast_fn = torch.compile(self._fast_fn, dynamic=False)
@@ -43,6 +44,15 @@ class BatchedVisionEncoder:
         return bytes_per_item(
             num_patches, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, elem
         )
+
+    def pooler_impl(self, device: torch.device, dtype: torch.dtype) -> PoolerImpl:
+        """Self-check, once per device and dtype, that the batched pooler reproduces this
+        transformers version's tower on a tiny batch; else use the tower's pooler per item."""
+        key = (device, dtype)
+        impl = self._poolers.get(key)
+        if impl is None:
+            impl = self._poolers[key] = _calibrate(self.vt, device, dtype)
+        return impl
 
     def graphs_active(self, device: torch.device) -> bool:
         return self.settings.cuda_graphs and device.type == "cuda"
@@ -70,10 +80,11 @@ class BatchedVisionEncoder:
                 for idx in chunks(group.indices, per_item, budget):
                     pv = _stack(items, idx, "pixel_values")
                     pp = _stack(items, idx, "position_ids")
-                    fn = partial(exact_chunk, self.vt, has_padding=group.has_padding)
+                    impl = self.pooler_impl(pv.device, pv.dtype)
+                    fn = partial(exact_chunk, self.vt, has_padding=group.has_padding, pooler=impl)
                     pooled = None
                     if self.graphs_active(pv.device):
-                        pooled = self.graphs.run(("exact", group.has_padding), fn, pv, pp)
+                        pooled = self.graphs.run(("exact", group.has_padding, impl), fn, pv, pp)
                     if pooled is None:
                         pooled = fn(pv, pp)
                     for j, i in enumerate(idx):
@@ -98,6 +109,36 @@ class BatchedVisionEncoder:
         else:
             raise ValueError(f"unknown mode {mode!r}")
         return out  # type: ignore[return-value]
+
+
+def _calibrate(vt: nn.Module, device: torch.device, dtype: torch.dtype) -> PoolerImpl:
+    from .reference import serial_per_item
+
+    k = vt.config.pooling_kernel_size
+    patch_dim = 3 * vt.config.patch_size**2
+    gen = torch.Generator().manual_seed(0)
+    length = 4  # soft tokens per item: a padded 1x2-bin item and a full 2x2-bin one
+    pvs, pps = [], []
+    for h, w in ((k, 2 * k), (2 * k, 2 * k)):
+        pv = torch.zeros(length * k * k, patch_dim)
+        pv[: h * w] = torch.rand(h * w, patch_dim, generator=gen)
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        pp = torch.full((length * k * k, 2), -1, dtype=torch.long)
+        pp[: h * w] = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
+        pvs.append(pv.to(device, dtype))
+        pps.append(pp.to(device))
+    ref = serial_per_item(vt, pvs, pps)
+    for impl in ("batched", "stock"):
+        for i, has_padding in ((0, True), (1, False)):
+            got = exact_chunk(vt, pvs[i][None], pps[i][None], has_padding, impl)
+            if not torch.equal(got[0, : ref[i].shape[0]], ref[i]):
+                break
+        else:
+            return impl  # type: ignore[return-value]
+    raise RuntimeError(
+        "gemma4_batched_encoder: exact mode cannot reproduce this transformers version's "
+        "Gemma4VisionModel (self-check failed); use the stock path"
+    )
 
 
 _ENCODERS: dict[int, BatchedVisionEncoder] = {}

@@ -1,0 +1,93 @@
+"""The plugin inside a real vLLM (CPU) server: loaded, used, measured, and output-neutral."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+import media  # local/media.py (root conftest puts local/ on sys.path)
+
+pytestmark = pytest.mark.e2e
+
+OVERRIDE_LINE = "gemma4_batched_encoder: vision encoder override active"
+
+
+def chat(server, content, max_tokens: int = 8) -> dict:
+    body = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "logprobs": True,
+    }
+    resp = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=300)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def image_request(seed: int) -> list[dict]:
+    url = media.data_url("image/png", media.png_bytes(320, 240, seed=seed))
+    return [{"type": "text", "text": "describe"}, media.image_part(url)]
+
+
+def video_request(seed: int) -> list[dict]:
+    url = media.data_url("video/mp4", media.mp4_bytes(frames=6, width=640, height=480, seed=seed))
+    return [{"type": "text", "text": "describe"}, media.video_part(url)]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+            found = True
+    assert found, f"{name}{labels} not on /metrics"
+    return total
+
+
+def tokens(response: dict) -> list[str]:
+    return [t["token"] for t in response["choices"][0]["logprobs"]["content"]]
+
+
+def test_override_is_logged(vllm_server):
+    log = vllm_server.log_path.read_text()
+    assert OVERRIDE_LINE in log
+    assert "mode=exact" in log
+    assert "plugin inactive" not in log and "does not recognise" not in log
+
+
+def test_image_and_video_go_through_plugin(vllm_server):
+    before = vllm_server.metrics_text()
+    calls_before = metric(before, "gemma4_encoder_calls_total", path="plugin")
+    chat(vllm_server, image_request(seed=101))
+    chat(vllm_server, video_request(seed=102))
+    text = vllm_server.metrics_text()
+    assert metric(text, "gemma4_encoder_calls_total", path="plugin") >= calls_before + 2
+    assert metric(text, "gemma4_encoder_items_per_call_sum", kind="frame") >= 6
+    assert metric(text, "gemma4_encoder_items_per_call_count", kind="image") >= 1
+    assert metric(text, "gemma4_encoder_seconds_count", path="plugin") >= 2
+    assert metric(text, "gemma4_encoder_seconds_sum", path="plugin") > 0
+    assert metric(text, "gemma4_encoder_info", mode="exact", cuda_graphs="false") == 1
+    assert "gemma4_encoder_fallbacks_total{" not in text, "plugin fell back to stock"
+    assert metric(text, "gemma4_encoder_calls_total", path="stock") == 0
+
+
+def test_greedy_outputs_identical_with_plugin_disabled(vllm_server, vllm_server_factory):
+    """Same dummy weights, same requests: the plugin does not change a single token."""
+    requests = [image_request(seed=201), video_request(seed=202), image_request(seed=203)]
+    with_plugin = [chat(vllm_server, r) for r in requests]
+    stock = vllm_server_factory("plugin-disabled", env={"GEMMA4_ENCODER_DISABLE": "1"})
+    assert OVERRIDE_LINE not in stock.log_path.read_text()
+    without = [chat(stock, r) for r in requests]
+    for a, b in zip(with_plugin, without, strict=True):
+        assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+        assert tokens(a) == tokens(b)
+        logprobs_a = [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]]
+        logprobs_b = [t["logprob"] for t in b["choices"][0]["logprobs"]["content"]]
+        assert logprobs_a == logprobs_b
