@@ -182,23 +182,30 @@ class Board:
         return i
 
 
-def target(expr: str, legend: str, ref: str, *, instant: bool = False) -> dict[str, Any]:
+def target(
+    expr: str, legend: str, ref: str, *, instant: bool = False, fmt: str = "time_series"
+) -> dict[str, Any]:
+    """A Prometheus query; instant ones read the latest value (Pushgateway gauges, tables)."""
     t: dict[str, Any] = {
         "datasource": DS,
         "expr": expr,
         "legendFormat": legend,
         "refId": ref,
+        "format": fmt,
     }
     if instant:
-        t.update({"instant": True, "range": False, "format": "table"})
+        t.update({"instant": True, "range": False})
     else:
-        t.update({"range": True})
+        t.update({"instant": False, "range": True})
     return t
 
 
-def _targets(exprs: Iterable[tuple[str, str]], instant: bool = False) -> list[dict[str, Any]]:
+def _targets(
+    exprs: Iterable[tuple[str, str]], instant: bool = False, fmt: str = "time_series"
+) -> list[dict[str, Any]]:
     return [
-        target(e, legend, chr(ord("A") + i), instant=instant) for i, (e, legend) in enumerate(exprs)
+        target(e, legend, chr(ord("A") + i), instant=instant, fmt=fmt)
+        for i, (e, legend) in enumerate(exprs)
     ]
 
 
@@ -294,7 +301,7 @@ def table(
         "title": title,
         "description": description,
         "datasource": DS,
-        "targets": _targets(exprs, instant=True),
+        "targets": _targets(exprs, instant=True, fmt="table"),
         "transformations": [
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {"excludeByName": {"Time": True}}},
@@ -313,10 +320,20 @@ def barchart(
         "description": description,
         "datasource": DS,
         "targets": _targets(exprs, instant=True),
+        # One frame per (workload, rate) -> one row per rate with a column per workload,
+        # sorted numerically by rate; x axis = rate (as a category).
         "transformations": [
             {"id": "labelsToFields", "options": {"mode": "columns", "valueLabel": "workload"}},
             {"id": "merge", "options": {}},
+            {
+                "id": "convertFieldType",
+                "options": {"conversions": [{"targetField": "rate", "destinationType": "number"}]},
+            },
             {"id": "sortBy", "options": {"sort": [{"field": "rate"}]}},
+            {
+                "id": "convertFieldType",
+                "options": {"conversions": [{"targetField": "rate", "destinationType": "string"}]},
+            },
         ],
         "fieldConfig": {"defaults": {"unit": unit, "min": 0}, "overrides": []},
         "options": {"xField": "rate", "orientation": "vertical", "legend": {"showLegend": True}},

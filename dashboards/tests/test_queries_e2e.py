@@ -29,7 +29,6 @@ from typing import Any
 import dashlib
 import pytest
 
-gen = dashlib.load_generator()
 DASHBOARDS = dashlib.load_dashboards()
 RATE_WINDOW = "5m"  # what $__rate_interval expands to here (covers both traffic rounds)
 

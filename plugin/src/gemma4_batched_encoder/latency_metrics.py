@@ -34,6 +34,9 @@ How vLLM runs it (checked against vLLM 0.32, ``vllm/v1/metrics/loggers.py``,
   ``log_engine_initialized()`` once. A custom logger that is *not* a ``PrometheusStatLogger``
   does not replace vLLM's Prometheus logger; both run.
 * Finding a plugin turns stats collection on even with ``--disable-log-stats``.
+* Elastic-EP scale-up (``AsyncLLM._scale_elastic_ep``) rebuilds ``StatLoggerManager`` with
+  ``custom_stat_loggers=None`` in vLLM 0.32, dropping plugin loggers until restart: a vLLM
+  limitation; the families stay registered (module level), they just stop moving.
 * ``VLLM_PLUGINS`` (comma list) filters plugins by name: include ``gemma4_latency`` if set.
 
 Where the series appear: the metrics are ordinary ``prometheus_client`` histograms in the
