@@ -2,7 +2,7 @@
 
 A replay runs the kernels recorded at capture, so bits match the eager pass with the same
 shapes; what graphs remove is launch overhead (~100 small kernels per layer). Batch sizes are
-rounded up to a power of two; the extra rows repeat the last real item and are dropped.
+rounded up to a bucket (2^i or 3*2^i); the extra rows repeat the last real item and are dropped.
 Any capture error disables that key and the caller runs eagerly.
 """
 
@@ -19,7 +19,9 @@ ChunkFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def bucket_size(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+    """Smallest 2^i or 3*2^i >= n: under 50% filler rows; 6-frame videos fill 6/12/24/48/96."""
+    p = 1 << max(0, (n - 1).bit_length())
+    return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 @dataclass

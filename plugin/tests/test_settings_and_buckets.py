@@ -1,0 +1,51 @@
+"""Environment controls and CUDA-graph bucket sizes (pure logic, no device needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemma4_batched_encoder.cuda_graphs import bucket_size
+from gemma4_batched_encoder.settings import Settings
+
+
+def test_defaults(monkeypatch):
+    for name in (
+        "GEMMA4_ENCODER_DISABLE", "GEMMA4_ENCODER_MODE", "GEMMA4_ENCODER_MAX_BATCH_BYTES",
+        "GEMMA4_ENCODER_CUDA_GRAPHS", "GEMMA4_ENCODER_VERIFY_EVERY", "GEMMA4_ENCODER_COMPILE",
+    ):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    s = Settings.from_env()
+    assert (s.disabled, s.mode, s.cuda_graphs, s.verify_every) == (False, "exact", True, 0)
+    assert s.max_batch_bytes == 8 << 30
+
+
+def test_env_values(monkeypatch):
+    monkeypatch.setenv("GEMMA4_ENCODER_DISABLE", "1")
+    monkeypatch.setenv("GEMMA4_ENCODER_MODE", "FAST")
+    monkeypatch.setenv("GEMMA4_ENCODER_MAX_BATCH_BYTES", "1048576")
+    monkeypatch.setenv("GEMMA4_ENCODER_CUDA_GRAPHS", "off")
+    monkeypatch.setenv("GEMMA4_ENCODER_VERIFY_EVERY", "10")
+    s = Settings.from_env()
+    assert (s.disabled, s.mode, s.max_batch_bytes, s.cuda_graphs, s.verify_every) == (
+        True, "fast", 1 << 20, False, 10,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("GEMMA4_ENCODER_MODE", "turbo"), ("GEMMA4_ENCODER_DISABLE", "maybe"),
+     ("GEMMA4_ENCODER_VERIFY_EVERY", "-1")],
+)  # fmt: skip
+def test_bad_values_raise(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        Settings.from_env()
+
+
+def test_bucket_sizes():
+    assert [bucket_size(n) for n in (1, 2, 3, 5, 6, 7, 9, 13, 17, 25, 49, 97)] == [
+        1, 2, 3, 6, 6, 8, 12, 16, 24, 32, 64, 128,
+    ]  # fmt: skip
+    for n in range(1, 300):
+        b = bucket_size(n)
+        assert n <= b < 2 * n or n == b
