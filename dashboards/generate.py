@@ -1049,7 +1049,7 @@ def slo_rules() -> dict[str, Any]:
                     "record": f"gemma4:request_{short}_seconds:p{round(q * 100)}_rate5m",
                     "expr": (
                         f"histogram_quantile({q}, sum by ({by}, le) "
-                        f"(rate({LATENCY_FAMILIES[fam]}_bucket[5m])))\n"
+                        f"(rate({LATENCY_FAMILIES[fam]}_bucket[5m]))) >= 0\n"
                     ),
                 }
             )
@@ -1057,7 +1057,7 @@ def slo_rules() -> dict[str, Any]:
         {
             "record": "gemma4:encoder_seconds:p95_rate5m",
             "expr": "histogram_quantile(0.95, sum by (namespace, path, le) "
-            "(rate(gemma4_encoder_seconds_bucket[5m])))\n",
+            "(rate(gemma4_encoder_seconds_bucket[5m]))) >= 0\n",
         }
     )
 

@@ -183,6 +183,32 @@ def test_slo_compliance_agrees_with_vllms_bucket(scraped: Any) -> None:
     assert ours == pytest.approx(theirs, abs=0.05)
 
 
+def test_rules_load_and_evaluate_in_the_real_prometheus(scraped: Any) -> None:
+    """The fixture's Prometheus loaded dashboards/rules/*.yaml: every rule evaluates cleanly
+    on real series, the SLO recording rules have data, and no alert fires on a healthy stack
+    except the latency burn (a CPU box is far slower than 300 ms)."""
+    with urllib.request.urlopen(f"{scraped.url}/api/v1/rules", timeout=10) as resp:
+        groups = json.load(resp)["data"]["groups"]
+    names = {g["name"] for g in groups}
+    assert {"gemma4-slo.rules", "gemma4-slo.alerts", "gemma4-serving.alerts"} <= names
+    for g in groups:
+        for r in g["rules"]:
+            assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
+    for record in (
+        "gemma4:request_e2e_slo_error_ratio:rate5m",
+        "gemma4:request_e2e_slo_error_ratio:rate1h",
+        "gemma4:request_ttft_seconds:p95_rate5m",
+        "gemma4:request_e2e_seconds:p95_rate5m",
+    ):
+        assert scraped.query(record), f"recording rule {record} has no data"
+    firing = {
+        r["metric"]["alertname"]
+        for r in scraped.query('ALERTS{alertstate="firing"}')
+        if r["metric"]["alertname"] != "Gemma4LatencySLOBudgetBurn"
+    }
+    assert not firing, f"alerts firing on the healthy local stack: {firing}"
+
+
 def test_png_render_from_real_prometheus(scraped: Any, tmp_path: Path) -> None:
     render_png = dashlib.load_module("render_png")
     out = render_png.render(scraped.url, tmp_path / "serving-latency.png", minutes=10, step="2s")
