@@ -40,7 +40,8 @@ NS = "gemma"
 def _summary() -> dict:
     m = load_report(FIXTURES / "text-1rps.json").measurements[0]
     r = RateResult(workload="text", target_rate=m.target_rate, measurement=m)
-    return build_summary([r], Criteria(slo_ms=60000), workloads=["text"], target="http://svc",
+    lenient = Criteria(slo_ms=600_000, min_achieved_ratio=0, max_dispatch_delay_ms=1e6)
+    return build_summary([r], lenient, workloads=["text"], target="http://svc",
                          model="gemma4-tiny", guidellm_version="0.8.1")
 
 

@@ -248,21 +248,21 @@ def _num(v: Any, scale: float = 1.0) -> float | None:
     return float(v) * scale
 
 
-def _has_values(dist: Any) -> bool:
-    count = _get(dist, "successful", "count")
+def _has_values(dist: Any, status: str) -> bool:
+    count = _get(dist, status, "count")
     return not isinstance(count, int) or count > 0
 
 
-def _pct(dist: Any, name: str, scale: float = 1.0) -> float | None:
-    if not _has_values(dist):
+def _pct(dist: Any, name: str, scale: float = 1.0, status: str = "successful") -> float | None:
+    if not _has_values(dist, status):
         return None
-    return _num(_get(dist, "successful", "percentiles", name), scale)
+    return _num(_get(dist, status, "percentiles", name), scale)
 
 
-def _median(dist: Any, scale: float = 1.0) -> float | None:
-    if not _has_values(dist):
+def _median(dist: Any, scale: float = 1.0, status: str = "successful") -> float | None:
+    if not _has_values(dist, status):
         return None
-    return _num(_get(dist, "successful", "median"), scale)
+    return _num(_get(dist, status, "median"), scale)
 
 
 def is_guidellm_report(data: Any) -> bool:
@@ -327,8 +327,9 @@ def _measurement(b: Mapping[str, Any], labels: dict[str, str]) -> Measurement:
         latency_p50_ms=_pct(m.get("request_latency"), "p50", 1000.0),
         latency_p95_ms=_pct(m.get("request_latency"), "p95", 1000.0),
         latency_p99_ms=_pct(m.get("request_latency"), "p99", 1000.0),
-        dispatch_delay_median_ms=_median(m.get("request_dispatch_delay"), 1000.0),
-        dispatch_delay_p95_ms=_pct(m.get("request_dispatch_delay"), "p95", 1000.0),
+        # client lag concerns every dispatched request, whatever became of it
+        dispatch_delay_median_ms=_median(m.get("request_dispatch_delay"), 1000.0, "total"),
+        dispatch_delay_p95_ms=_pct(m.get("request_dispatch_delay"), "p95", 1000.0, "total"),
         prompt_tokens_mean=_num(_get(m, "prompt_token_count", "successful", "mean")),
         output_tokens_mean=_num(_get(m, "output_token_count", "successful", "mean")),
         guidellm_rps_mean=_num(_get(m, "requests_per_second", "successful", "mean")),

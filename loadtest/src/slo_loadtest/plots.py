@@ -36,18 +36,19 @@ def plot_summary(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
     slo = float(summary["criteria"]["slo_ms"])
     series: dict[str, list[tuple[float, dict[str, Any], bool]]] = {}
     for r in summary["results"]:
+        series.setdefault(r["workload"], [])
         m = r.get("measurement")
-        if not m:
-            continue
-        series.setdefault(r["workload"], []).append((r["target_rate"], m, bool(r["passed"])))
+        if m:
+            series[r["workload"]].append((r["target_rate"], m, bool(r["passed"])))
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5.2 * len(PANELS), 4.2))
     for ax, (key, label) in zip(axes, PANELS, strict=True):
         plotted = False
         for name, points in series.items():
             pts = sorted((x, m.get(key), ok) for x, m, ok in points if _positive(m.get(key)))
-            if not pts:
-                continue
             color = COLORS.get(name)
+            if not pts:
+                ax.plot([], [], "-", color=color, label=f"{name} (no successful requests)")
+                continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=color, label=name)
             for x, y, ok in pts:
                 ax.plot([x], [y], "o", color=color, markerfacecolor=color if ok else "white")
