@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import helpers as H
+import g4helpers as H
 import pytest
 import torch
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import helpers as H
+import g4helpers as H
 import pytest
 import torch
 from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as Upstream
@@ -156,3 +156,22 @@ def test_serial_layout_projects_per_item(monkeypatch):
                 frames.append(ev(inputs_embeds=soft.unsqueeze(0)).squeeze(0))
         want.append(torch.cat(frames))
     assert same(out, want)
+
+
+def test_encoder_cudagraph_forward_override_matches_upstream_on_cpu():
+    """vLLM's own encoder-graph entry point, with the per-item pooler GEMMs, on padded buffers."""
+    dtype = torch.bfloat16
+    stock, plugin = models(dtype)
+    pvs, pps = H.batch([H.FRAME_480P, H.FRAME_720P, H.FRAME_FULL], dtype, seed=5)
+    tokens = [63, 66, 70]
+    gather = torch.cat([torch.arange(n) + i * 70 for i, n in enumerate(tokens)])
+    inputs = {
+        "pixel_values": torch.stack(pvs),
+        "pixel_position_ids": torch.stack(pps),
+        "gather_indices": gather,
+    }
+    with torch.inference_mode():
+        got = plugin.encoder_cudagraph_forward(inputs)
+        want = Upstream.encoder_cudagraph_forward(stock, inputs)
+    assert got.shape == (sum(tokens), 48)
+    assert torch.equal(got, want)

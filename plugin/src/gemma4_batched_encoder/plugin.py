@@ -1,8 +1,10 @@
 """vLLM general-plugin entry point (``vllm.general_plugins`` / ``gemma4_batched_encoder``).
 
 vLLM calls ``register()`` in every process it starts (API server, engine core, workers), possibly
-more than once. It only records a lazy ``module:Class`` string, so nothing heavy (CUDA, the model
-module) is imported here; the version gate runs when vLLM first imports the model class.
+more than once. For the encoder it only records a lazy ``module:Class`` string, so nothing heavy
+(CUDA, the model module) is imported here; the version gate runs when vLLM first imports the
+model class. It also calls the ``install()`` of the package's media hooks (``media_guard``,
+``media``), which decide per process whether they apply.
 """
 
 from __future__ import annotations
@@ -20,21 +22,38 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    _registered = True
+    _register_encoder()
+    _install_media_hooks()
+
+
+def _register_encoder() -> None:
+    global _registered
     try:
         settings = Settings.from_env()
     except ValueError:
+        _registered = False
         logger.warning(
-            "gemma4_batched_encoder: bad environment setting; plugin not registered", exc_info=True
+            "gemma4_batched_encoder: bad environment setting; encoder not registered",
+            exc_info=True,
         )
         return
     if settings.disabled:
         logger.info(
             "gemma4_batched_encoder: disabled by GEMMA4_ENCODER_DISABLE; stock encoder in use"
         )
-        _registered = True
         return
     from vllm import ModelRegistry
 
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    _registered = True
     logger.info("gemma4_batched_encoder: registered %s -> %s", ARCHITECTURE, MODEL_CLASS)
+
+
+def _install_media_hooks() -> None:
+    """Media-side hooks that live in this package (issue 8's fast path, the video payload
+    guard); each installs itself only where it applies and must never stop vLLM from starting."""
+    for module in ("media_guard", "media"):
+        try:
+            __import__(f"{__package__}.{module}", fromlist=["install"]).install()
+        except Exception:
+            logger.warning("gemma4_batched_encoder: %s.install() failed", module, exc_info=True)
