@@ -77,7 +77,7 @@ def sweep(server: stack.VllmServer, out: Path, rates: str, seconds: float) -> in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "out" / "demo")
-    parser.add_argument("--rates", default="1,2,4", help="constant rates (req/s) to sweep")
+    parser.add_argument("--rates", default="0.5,1,2", help="constant rates (req/s) to sweep")
     parser.add_argument("--seconds", type=float, default=8, help="duration of each rate")
     args = parser.parse_args(argv)
 
