@@ -1,0 +1,60 @@
+"""Verdict rules on hand-made measurements (the recorded reports are in test_lt_analyze.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slo_loadtest.config import Criteria
+from slo_loadtest.guidellm_adapter import Measurement
+from slo_loadtest.summary import build_summary
+from slo_loadtest.verdict import RateResult, highest_passing_rate, judge
+
+GOOD = Measurement(
+    target_rate=10, achieved_rate=9.9, duration_s=30, successful=297, errored=0, incomplete=3,
+    ttft_p50_ms=20, ttft_p95_ms=40, ttft_p99_ms=60, itl_median_ms=5, itl_p95_ms=8,
+    latency_p50_ms=80, latency_p95_ms=120, latency_p99_ms=200, dispatch_delay_median_ms=1,
+    dispatch_delay_p95_ms=3, prompt_tokens_mean=500, output_tokens_mean=10,
+    stop_reason="max_duration",
+)
+C = Criteria()
+
+
+def test_a_good_rate_passes_and_each_rule_can_fail_it() -> None:
+    assert judge(GOOD, C) == (True, [])
+    cases = {
+        "p95 latency 301 ms > SLO 300 ms": replace(GOOD, latency_p95_ms=301),
+        "achieved 9.40 req/s < 95% of 10": replace(GOOD, achieved_rate=9.4),
+        "errors 4/304 >= 1%": replace(GOOD, errored=4),
+        "client fell behind": replace(GOOD, dispatch_delay_p95_ms=51),
+        "6 incomplete requests > 4 allowed in flight": replace(GOOD, incomplete=6),
+        "dataset ran out": replace(GOOD, stop_reason="max_duration,requests_exhausted"),
+        "no successful requests": replace(GOOD, successful=0),
+    }
+    for why, m in cases.items():
+        ok, reasons = judge(m, C)
+        assert not ok and any(why in r for r in reasons), (why, reasons)
+    assert judge(replace(GOOD, errored=2), C)[0]  # 2/302 = 0.66 % < 1 %
+
+
+def _r(rate: float, ok: bool, probe: bool = False) -> RateResult:
+    m = replace(GOOD, target_rate=rate, achieved_rate=rate, incomplete=0,
+                latency_p95_ms=120 if ok else 900)
+    return RateResult(workload="video", target_rate=rate, measurement=m, search_probe=probe)
+
+
+def test_highest_passing_rate_is_contiguous_from_the_bottom() -> None:
+    s = build_summary([_r(1, True), _r(2, True), _r(5, False), _r(10, True)], C)
+    assert s["workloads"]["video"]["highest_passing_rate"] == 2
+    assert s["workloads"]["video"]["first_failing_rate"] == 5
+    assert s["verdict"] == "fail"
+    assert highest_passing_rate([]) is None
+
+
+def test_require_rate_and_search_probes() -> None:
+    rs = [_r(1, True), _r(2, True), _r(4, True, probe=True), _r(8, False, probe=True)]
+    s = build_summary(rs, C)
+    assert s["verdict"] == "pass", "a failing search probe is the edge, not a failed sweep"
+    assert s["workloads"]["video"]["highest_passing_rate"] == 4
+    assert build_summary(rs, C, require_rate=4)["verdict"] == "pass"
+    s = build_summary(rs, C, require_rate=5)
+    assert s["verdict"] == "fail" and s["workloads"]["video"]["requirement_met"] is False
