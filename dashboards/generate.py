@@ -451,7 +451,7 @@ def serving_dashboard() -> dict[str, Any]:
             [(ratio_le(e2e, le, s), "compliance")],
             "percentunit",
             base_color="red",
-            thresholds=[(obj - 0.04, "orange"), (obj, "green")],
+            thresholds=[(round(obj - 0.04, 4), "orange"), (obj, "green")],
         ),
         w=6,
     )
@@ -463,7 +463,7 @@ def serving_dashboard() -> dict[str, Any]:
             "cannot resolve anything below 0.3 s.",
             [(quantile(0.95, e2e, s), "p95")],
             "s",
-            thresholds=[(slo * 0.8, "orange"), (slo, "red")],
+            thresholds=[(round(slo * 0.8, 4), "orange"), (slo, "red")],
         ),
         w=6,
     )
@@ -474,7 +474,7 @@ def serving_dashboard() -> dict[str, Any]:
             "histogram: resolves the 0.1-0.25 s range that vLLM covers with one bucket).",
             [(quantile(0.95, ttft, s), "p95")],
             "s",
-            thresholds=[(slo * 0.5, "orange"), (slo * 0.8, "red")],
+            thresholds=[(round(slo * 0.5, 4), "orange"), (round(slo * 0.8, 4), "red")],
         ),
         w=6,
     )
