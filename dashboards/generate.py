@@ -811,9 +811,9 @@ def encoder_dashboard() -> dict[str, Any]:
     b.add(
         timeseries(
             "Media preprocessing p50 / p95 by stage",
-            "Time per media-preprocessing stage (gemma4_media_preprocess_seconds, media fast "
-            "path: decode, resize, normalize, ...). Runs before the encoder and counts in "
-            "TTFT.",
+            "Time per media-preprocessing stage (gemma4_media_preprocess_seconds{stage}: "
+            "base64_decode, video_decode, image_processor, mm_processor = vLLM's whole "
+            "multimodal processor call). Runs before the encoder and counts in TTFT.",
             [
                 (
                     quantile(0.5, "gemma4_media_preprocess_seconds", p, by="stage"),
