@@ -3,7 +3,7 @@
 # /tmp between calls while it is warm, so: stage the wheelhouse in parts, install, start the
 # servers (they outlive the call: setsid), measure, fetch. Results go to $OUT (device tool).
 #
-#   bench/gpu/h200.sh stage                 copy .whl/part-* into /tmp/parts
+#   bench/gpu/h200.sh stage                 copy the carried .whl/**/part-* into /tmp/parts
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
 #   bench/gpu/h200.sh encoder               encoder verify + bench (torch + transformers only)
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, dummy weights) in the background
@@ -24,7 +24,7 @@ shift
 case "$cmd" in
 stage)
   mkdir -p /tmp/parts
-  cp "$REPO"/.whl/part-* /tmp/parts/
+  find "$REPO/.whl" -name 'part-*' -exec cp {} /tmp/parts/ \;
   ls /tmp/parts | wc -l
   ;;
 install)
@@ -32,7 +32,7 @@ install)
   mkdir -p /tmp/wh
   cat /tmp/parts/part-* | tar -x -C /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" /tmp/wh/*/*.whl "$REPO"/.whl/*.whl
+    --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -name '*.whl')
   python3 "$REPO/local/build_model.py" --vision e4b --text e4b --out "$MODEL_DIR"
   python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
