@@ -36,7 +36,8 @@ from typing import Any
 
 from . import stages
 
-logger = logging.getLogger(__name__)
+# Under `vllm.` so vLLM's handler prints it (see ../log.py).
+logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
 ENV_FAST_PATH = "GEMMA4_MEDIA_FAST_PATH"
 ENV_TORCH_THREADS = "GEMMA4_MEDIA_TORCH_THREADS"
