@@ -24,7 +24,7 @@ def test_verify_exact_passes(tmp_path):
     proc = cli(
         "verify", "--preset", "tiny", "--dtype", "bf16", "--videos", "1,2", "--frames", "2",
         "--frame-grid", "21x27,18x33", "--images", "3", "--image-budgets", "70,140,280",
-        "--per-item", "--out", str(out),
+        "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)

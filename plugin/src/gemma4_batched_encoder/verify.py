@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_abs_diff": call_diff,
             "seconds_first": runs[0][1],
             "seconds_second": runs[1][1],
-            "items": items if args.per_item else [it for it in items if not it["bit_identical"]],
+            "items": [it for it in items if not it["bit_identical"]]
+            if args.mismatches_only
+            else items,
         }
         if args.pooler_drift:
             call["naive_batched_pooler_max_abs_diff"] = naive_pooler_drift(vt, pvs, pps)
@@ -153,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         help="fast mode: exit 1 if max_abs_diff exceeds this (default: report only)",
     )
     p.add_argument(
-        "--per-item", action="store_true", help="list every item (default: only mismatches)"
+        "--mismatches-only",
+        action="store_true",
+        help="list only differing items (default: every item)",
     )
     p.add_argument(
         "--pooler-drift",
