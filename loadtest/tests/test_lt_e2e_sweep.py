@@ -50,3 +50,25 @@ def test_short_sweep_against_real_vllm(vllm_server, tmp_path: Path) -> None:
     assert len(rows) == 4
     assert "Highest passing rate" in (out / "report.md").read_text()
     assert (out / "latency-vs-rate.png").stat().st_size > 5000
+
+
+@pytest.mark.e2e
+def test_image_workload_with_two_images_per_request(vllm_server, tmp_path: Path) -> None:
+    """The optional image workload (two images per request, sent as one OpenAI message) is
+    accepted by vLLM: no request errors."""
+    out = tmp_path / "img"
+    cmd = [
+        sys.executable, "-m", "slo_loadtest.cli", "run",
+        "--target", vllm_server.url, "--workloads", "image", "--rates", "0.5",
+        "--duration", "8", "--warmup", "0", "--images-per-request", "2",
+        "--image-width", "64", "--image-height", "48", "--media-prompt-tokens", "8",
+        "--tokenizer", str(vllm_server.model_path), "--max-workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr
+    s = json.loads((out / "summary.json").read_text())
+    (r,) = s["results"]
+    assert r["status"] == "ok" and s["model"] == vllm_server.model
+    m = r["measurement"]
+    assert m["errored"] == 0, r
+    assert m["successful"] + m["incomplete"] > 0
