@@ -175,3 +175,14 @@ def test_encoder_cudagraph_forward_override_matches_upstream_on_cpu():
         want = Upstream.encoder_cudagraph_forward(stock, inputs)
     assert got.shape == (sum(tokens), 48)
     assert torch.equal(got, want)
+
+
+def test_plugin_setup_failure_leaves_stock_methods(monkeypatch):
+    """A broken environment at model construction must not take the model down."""
+    dtype = torch.float32
+    stock, plugin = models(dtype)
+    plugin._g4 = None  # what __init__ leaves when the runtime cannot be built
+    vi = video_input([H.FRAME_480P] * 2, [2], dtype)
+    assert same(plugin.embed_multimodal(**vi), Upstream._process_video_input(stock, vi))
+    ii = image_input([H.image(70)], dtype)
+    assert same(plugin._process_image_input(ii), Upstream._process_image_input(stock, ii))

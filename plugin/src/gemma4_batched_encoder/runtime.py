@@ -56,17 +56,28 @@ class EncoderRuntime:
     # -- one embed_multimodal call ------------------------------------------------------------
     def begin_call(self, frames: int, images: int) -> None:
         self._call_path = "plugin" if self.active else "stock"
-        if frames:
-            self.metrics.items_per_call.labels(kind="frame").observe(frames)
-        if images:
-            self.metrics.items_per_call.labels(kind="image").observe(images)
-        self.timer.start(self._device)
+        try:
+            if frames:
+                self.metrics.items_per_call.labels(kind="frame").observe(frames)
+            if images:
+                self.metrics.items_per_call.labels(kind="image").observe(images)
+            self.timer.start(self._device)
+        except Exception:
+            self._log_once("metrics", "recording metrics failed")
 
     def end_call(self) -> None:
         path = self._call_path or "stock"
         self._call_path = None
-        self.metrics.calls.labels(path=path).inc()
-        self.timer.stop(path)
+        try:
+            self.metrics.calls.labels(path=path).inc()
+            self.timer.stop(path)
+        except Exception:
+            self._log_once("metrics", "recording metrics failed")
+
+    def _log_once(self, key: str, message: str) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning("gemma4_batched_encoder: %s", message, exc_info=True)
 
     # -- one modality within the call ---------------------------------------------------------
     def run(self, plugin: Encode, stock: Encode, arg: Any) -> list[torch.Tensor]:

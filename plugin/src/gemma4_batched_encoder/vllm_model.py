@@ -55,10 +55,19 @@ def _flatten_counts(value: Any) -> list[int] | None:
 class Gemma4ForConditionalGeneration(_Upstream):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        settings = Settings.from_env()
-        active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
-        self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
         self._g4_video_tokens: list[int] | None = None
+        self._g4: EncoderRuntime | None = None
+        try:
+            settings = Settings.from_env()
+            active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
+            self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
+        except Exception:
+            # Never keep vLLM from starting: without a runtime every method is the stock one.
+            logger.warning(
+                "gemma4_batched_encoder: plugin setup failed; stock vision encoder in use",
+                exc_info=True,
+            )
+            return
         if self._g4.active:
             logger.info(
                 "gemma4_batched_encoder: vision encoder override active (mode=%s, layout=%s, "
@@ -68,14 +77,17 @@ class Gemma4ForConditionalGeneration(_Upstream):
                 self._g4.encoder.graphs_active(next(self.vision_tower.parameters()).device),
                 VLLM_VERSION,
             )
-        else:
-            logger.warning("gemma4_batched_encoder: plugin inactive; stock vision encoder in use")
+        elif LAYOUT is not None:  # (unrecognised code was already reported once, at import)
+            logger.warning(
+                "gemma4_batched_encoder: plugin inactive (%s); stock vision encoder in use",
+                "GEMMA4_ENCODER_DISABLE" if settings.disabled else "MM LoRA on the tower",
+            )
 
     # -- call level: metrics and host-side hints ------------------------------------------------
     def embed_multimodal(self, **kwargs: object) -> Any:
         pv = kwargs.get("pixel_values")
         pvv = kwargs.get("pixel_values_videos")
-        if pv is None and pvv is None:
+        if self._g4 is None or (pv is None and pvv is None):
             return super().embed_multimodal(**kwargs)
         frames = int(pvv.shape[0]) if isinstance(pvv, torch.Tensor) else 0
         images = (
@@ -93,9 +105,13 @@ class Gemma4ForConditionalGeneration(_Upstream):
 
     # -- per modality -------------------------------------------------------------------------
     def _process_image_input(self, image_input: Any) -> list[torch.Tensor]:
+        if self._g4 is None:
+            return super()._process_image_input(image_input)
         return self._g4.run(self._g4_images, super()._process_image_input, image_input)
 
     def _process_video_input(self, video_input: Any) -> list[torch.Tensor]:
+        if self._g4 is None:
+            return super()._process_video_input(video_input)
         return self._g4.run(self._g4_videos, super()._process_video_input, video_input)
 
     def _g4_images(self, image_input: Any) -> list[torch.Tensor]:
@@ -153,7 +169,7 @@ class Gemma4ForConditionalGeneration(_Upstream):
         ) -> torch.Tensor:
             """Upstream's captured forward with its one batched pooler GEMM replaced by the
             per-item GEMMs of ``pool_exact`` (the batched call drifts by one bf16 ulp)."""
-            if not self._g4.active:
+            if self._g4 is None or not self._g4.active:
                 return super().encoder_cudagraph_forward(inputs, path=path, **kwargs)
             pixel_values = inputs["pixel_values"]
             position_ids = inputs["pixel_position_ids"]
