@@ -253,7 +253,21 @@ def main() -> None:
     parser.add_argument("--burst-reps", type=int, default=3)
     parser.add_argument("--model", type=Path, default=None, help="default: .cache/models/tiny")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--processor-only",
+        action="store_true",
+        help="no vLLM needed (e.g. the GPU host): image processor stock vs fast, parallel "
+        "API-server-like processes, and with CUDA the host->device copy and on-device rescale",
+    )
+    parser.add_argument("--procs", type=int, default=4, help="--processor-only: parallel processes")
     args = parser.parse_args()
+    if args.processor_only:
+        result = run_processor_only(args)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"wrote {args.out}")
+        return
 
     if args.model is None:
         import stack
@@ -431,6 +445,193 @@ def markdown(result: dict[str, Any]) -> str:
         f"load average at end {result['machine']['loadavg_at_end']}",
     ]
     return "\n".join(lines)
+
+
+# --- --processor-only: what can run where vLLM is not installed (the GPU host) -----------------
+
+
+def decode_frames(mp4: bytes) -> np.ndarray:
+    """All frames as RGB [T, H, W, 3] (plain OpenCV; vLLM's loader does the same per frame)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
+        f.write(mp4)
+        f.flush()
+        cap = cv2.VideoCapture(f.name)
+        frames = []
+        while True:
+            ok, frame = cap.read()
+            if not ok:
+                break
+            frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+        cap.release()
+    return np.stack(frames)
+
+
+def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
+    """vLLM 0.32's video-branch core: frames -> PIL -> image processor (70 tokens) -> bf16."""
+    import torch
+    from PIL import Image
+    from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+
+    from gemma4_batched_encoder.media import fast_processor, limited_torch_threads
+
+    processor = _PROCESSORS.get(fast)
+    if processor is None:
+        processor = Gemma4ImageProcessor()
+        if fast:
+            import types
+
+            stock = Gemma4ImageProcessor._preprocess
+            fn = fast_processor.make_fast_preprocess(stock, lambda: True)
+            processor._preprocess = types.MethodType(fn, processor)
+        _PROCESSORS[fast] = processor
+    with limited_torch_threads(threads):
+        pil = [Image.fromarray(frames[i]) for i in range(frames.shape[0])]
+        out = processor(images=pil, max_soft_tokens=70, return_tensors="pt")
+        return out["pixel_values"].to(torch.bfloat16), out["image_position_ids"]
+
+
+_PROCESSORS: dict[bool, Any] = {}
+HOST_VARIANTS = {  # name -> (fast, torch threads; 0 = torch's default)
+    "stock": (False, 0),
+    "stock_1thread": (False, 1),
+    "fast": (True, 1),
+}
+
+
+def _worker(job: tuple[str, list[bytes]]) -> list[float]:
+    name, payloads = job
+    fast, threads = HOST_VARIANTS[name]
+    videos = [decode_frames(p) for p in payloads]
+    _processor_core(videos[0], fast, threads)  # warm-up
+    times = []
+    for video in videos:
+        t, _ = timed(lambda video=video: _processor_core(video, fast, threads))
+        times.append(t)
+    return times
+
+
+def run_processor_only(args: argparse.Namespace) -> dict[str, Any]:
+    import multiprocessing
+
+    import torch
+    from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+
+    from gemma4_batched_encoder.media import fast_processor
+
+    stock_fn = Gemma4ImageProcessor._preprocess
+    self_check = fast_processor.self_check(
+        stock_fn, fast_processor.make_fast_preprocess(stock_fn, lambda: True)
+    )
+    payloads = [realistic_mp4(seed=100 + i) for i in range(max(args.burst, 1))]
+    videos = [decode_frames(p) for p in payloads]
+    single: dict[str, list[float]] = {name: [] for name in HOST_VARIANTS}
+    mismatches = 0
+    for name in HOST_VARIANTS:
+        _processor_core(videos[0], *HOST_VARIANTS[name])  # warm-up
+    for rep in range(args.reps):
+        names = list(HOST_VARIANTS) if rep % 2 == 0 else list(HOST_VARIANTS)[::-1]
+        outs = {}
+        for name in names:
+            t, outs[name] = timed(
+                lambda name=name: _processor_core(videos[0], *HOST_VARIANTS[name])
+            )
+            single[name].append(t)
+        for name in ("stock_1thread", "fast"):
+            pairs = zip(outs["stock"], outs[name], strict=True)
+            mismatches += not all(torch.equal(a, b) for a, b in pairs)
+    burst = {name: [] for name in HOST_VARIANTS}
+    for rep in range(args.burst_reps):
+        for name in HOST_VARIANTS if rep % 2 == 0 else list(HOST_VARIANTS)[::-1]:
+            fast, threads = HOST_VARIANTS[name]
+            start = time.perf_counter()
+            for video in videos:
+                _processor_core(video, fast, threads)
+            burst[name].append(time.perf_counter() - start)
+    # --procs processes at once, each a burst of its own (like --api-server-count N on one host).
+    parallel: dict[str, dict[str, float]] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.procs) as pool:
+        pool.map(_worker, [("fast", payloads[:1])] * args.procs)  # start + import everywhere
+        for name in HOST_VARIANTS:
+            start = time.perf_counter()
+            per_proc = pool.map(_worker, [(name, payloads)] * args.procs)
+            wall = time.perf_counter() - start
+            flat = [t for times in per_proc for t in times]
+            parallel[name] = {**summary(flat), "wall_ms": wall * 1e3}
+    result: dict[str, Any] = {
+        "command": "bench/media_stages.py " + " ".join(sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads_default": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
+        "versions": versions(),
+        "self_check": self_check,
+        "mismatches_vs_stock": mismatches,
+        "processor_core_single_video": {k: summary(v) for k, v in single.items()},
+        "processor_core_burst": {
+            "videos": len(videos),
+            **{k: summary(v) for k, v in burst.items()},
+        },
+        "processor_core_parallel": {"procs": args.procs, "videos_each": len(videos), **parallel},
+    }
+    if torch.cuda.is_available():
+        result["cuda"] = cuda_stages(videos, args.reps)
+    print(json.dumps(result, indent=2))
+    return result
+
+
+def cuda_stages(videos: list[np.ndarray], reps: int) -> dict[str, Any]:
+    """Host->device copies of what the engine receives (bf16) vs uint8 + on-device rescale."""
+    import torch
+
+    from gemma4_batched_encoder.media import fast_processor
+
+    factor = 1 / 255
+    out: dict[str, Any] = {}
+    pixel_values, _ = _processor_core(videos[0], True, 1)
+    # uint8 patches of the same frames: what a uint8 hand-off would send (rescale undone exactly).
+    fp32 = _PROCESSORS[True](images=list(videos[0]), max_soft_tokens=70, return_tensors="pt")[
+        "pixel_values"
+    ]
+    u8 = torch.round(fp32 * 255).to(torch.uint8)
+    assert torch.equal(torch.from_numpy(fast_processor.rescale_exact(u8.numpy(), factor)), fp32)
+    on_device = (u8.cuda().to(torch.float32) * factor).to(torch.bfloat16).cpu()
+    out["uint8_rescale_on_device_equal"] = bool(torch.equal(on_device, fp32.to(torch.bfloat16)))
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    out["every_byte_rescale_cuda_equals_cpu"] = bool(
+        torch.equal((every_byte.cuda() * factor).cpu(), every_byte * factor)
+    )
+    for count in (1, 16):
+        bf16 = pixel_values.repeat(count, 1, 1)
+        u8n = u8.repeat(count, 1, 1)
+        cases = {
+            "bf16_pageable": bf16,
+            "bf16_pinned": bf16.pin_memory(),
+            "uint8_pinned_plus_rescale": u8n.pin_memory(),
+        }
+        for name, host in cases.items():
+            samples = []
+            for _ in range(reps):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                dev = host.to("cuda", non_blocking=True)
+                if host.dtype == torch.uint8:
+                    dev = (dev.to(torch.float32) * factor).to(torch.bfloat16)
+                torch.cuda.synchronize()
+                samples.append(time.perf_counter() - start)
+            out[f"{count}_videos_{name}"] = {**summary(samples), "bytes": host.nbytes}
+        samples = []
+        for _ in range(reps):  # the engine's MsgpackDecoder pins each received tensor (a copy)
+            start = time.perf_counter()
+            bf16.pin_memory()
+            samples.append(time.perf_counter() - start)
+        out[f"{count}_videos_pin_memory_copy"] = summary(samples)
+    return out
 
 
 if __name__ == "__main__":
