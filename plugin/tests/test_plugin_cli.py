@@ -24,10 +24,12 @@ def test_verify_exact_passes(tmp_path):
     proc = cli(
         "verify", "--preset", "tiny", "--dtype", "bf16", "--videos", "1,2", "--frames", "2",
         "--frame-grid", "21x27,18x33", "--images", "3", "--image-budgets", "70,140,280",
-        "--out", str(out),
+        "--pooler-drift", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
+    drift = result["calls"][0]["pooler_alternatives_max_abs_diff"]
+    assert set(drift) == {"naive_bmm", "gather_mul_add", "gather_addcmul"}
     assert result["bit_identical"] is True and result["max_abs_diff"] == 0.0
     assert [c["frames"] for c in result["calls"]] == [2, 4]
     assert len(result["calls"][1]["items"]) == 4 + 3
