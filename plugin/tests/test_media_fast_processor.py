@@ -107,8 +107,12 @@ def test_degenerate_inputs_behave_like_stock(shape: tuple[int, int, int]) -> Non
 
 
 def test_unsupported_options_fall_back_to_stock() -> None:
-    image = textured(np.random.default_rng(0), 100, 120)
-    for options in ({"do_normalize": True, "image_mean": 0.5, "image_std": 0.5}, {}):
+    image = textured(np.random.default_rng(0), 96, 128)  # fits the patch grid unresized
+    for options in (
+        {"do_normalize": True, "image_mean": 0.5, "image_std": 0.5},
+        {"do_resize": False},
+        {},
+    ):
         stock, fast = processors()
         want = stock(images=[image], max_soft_tokens=70, return_tensors="pt", **options)
         got = fast(images=[image], max_soft_tokens=70, return_tensors="pt", **options)

@@ -154,6 +154,7 @@ def make_fast_preprocess(
     ) -> BatchFeature:
         if (
             not enabled()
+            or not do_resize  # without the resize, sizes need not fit the patch grid
             or max_soft_tokens not in _SUPPORTED_SOFT_TOKENS
             or patch_size is None
             or pooling_kernel_size is None
