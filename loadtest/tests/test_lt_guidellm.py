@@ -109,3 +109,21 @@ def _alive(pid: int) -> bool:
 
 
 
+
+
+def test_scenario_validates_with_guidellms_own_model(tmp_path: Path) -> None:
+    """The scenario we write is what guidellm 0.8.1's BenchmarkScenario accepts, and a warm-up
+    below one second stays seconds (a bare 0.5 would mean 50 % of the duration)."""
+    from guidellm.schemas.benchmark import BenchmarkScenario
+
+    spec = gl.StepSpec(target="http://127.0.0.1:1/v1", model="m", rate=2.5, duration_s=10,
+                       warmup_s=0.5, data_path=tmp_path / "d.jsonl", step_dir=tmp_path / "s",
+                       tokenizer=str(tmp_path), sample_size=3)
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(gl.build_scenario(spec)))
+    (bench,) = BenchmarkScenario.create(scenario=path).get_benchmarks()
+    assert bench.backend.target == "http://127.0.0.1:1" and bench.backend.model == "m"
+    assert bench.profile.kind == "constant" and bench.profile.rate == [2.5]
+    assert bench.profile.warmup.compute_limits(None, 10.0) == (0.5, None)
+    assert bench.constraints[0].seconds == 10
+    assert bench.metrics.sample_size == 3 and bench.tokenizer.model == str(tmp_path)

@@ -94,7 +94,7 @@ def build_scenario(spec: StepSpec) -> dict[str, Any]:
         "metadata": {"labels": dict(spec.labels)},
         "spec": {
             "backend": backend,
-            "profile": {"kind": "constant", "rate": [spec.rate], "warmup": spec.warmup_s},
+            "profile": {"kind": "constant", "rate": [spec.rate], "warmup": _warmup(spec.warmup_s)},
             "constraints": [{"kind": "max_duration", "seconds": spec.duration_s}],
             "data": [{"kind": "json_file", "path": str(spec.data_path.resolve())}],
             "outputs": [{"kind": "json", "path": str(spec.report_path.resolve())}],
@@ -105,6 +105,11 @@ def build_scenario(spec: StepSpec) -> dict[str, Any]:
     if spec.tokenizer:
         scenario["spec"]["tokenizer"] = {"kind": "huggingface_auto", "model": spec.tokenizer}
     return scenario
+
+
+def _warmup(seconds: float) -> float | dict[str, Any]:
+    """guidellm reads a bare number below 1 as a *fraction* of the duration; say seconds."""
+    return {"mode": "duration", "value": seconds} if seconds > 0 else 0
 
 
 def step_env(spec: StepSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
