@@ -91,3 +91,35 @@ def test_job_entrypoint_reads_env_and_leaves_markers(tmp_path: Path) -> None:
     assert [r["target_rate"] for r in summary["results"]] == [1.0, 2.0, 3.0]
     assert (tmp_path / "results" / "exit_code").read_text().strip() == "3"
     assert (tmp_path / "results" / ".done").exists()
+
+
+def test_sigterm_mid_rate_kills_guidellm_and_writes_partial_report(tmp_path: Path) -> None:
+    """A Job deadline or `kubectl delete` sends SIGTERM: the running guidellm is killed and the
+    partial report names the interrupted rate; exit 3, in seconds."""
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    with RecordingServer() as srv:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slo_loadtest.cli", "run", "--target", srv.url,
+             "--model", srv.model, "--workloads", "text", "--rates", "1,2",
+             "--duration", "120", "--warmup", "0", "--prompt-tokens", "20",
+             "--max-workers", "1", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 240
+        while not srv.bodies:  # guidellm is sending: the rate is under way
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 40
+    assert proc.returncode == 3, err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["aborted"]["reason"] == "interrupted during text 1 req/s"
+    assert {r["status"] for r in s["results"]} == {"not_run"}
+    scenario = str(out / "steps" / "text-r1" / "scenario.json")
+    leftovers = subprocess.run(["pgrep", "-f", scenario], capture_output=True, text=True)
+    assert not leftovers.stdout.strip(), "guidellm outlived the interrupted sweep"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -171,6 +172,9 @@ def _do_run(values: dict[str, Any], with_plots: bool, print_summary: bool | None
     from slo_loadtest.sweep import Sweep, config_record
 
     cfg = build_config(values)
+    # SIGTERM (a Job's deadline, `kubectl delete`) ends the sweep like Ctrl-C: the running
+    # guidellm is killed and the partial report is still written.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     outcome = Sweep(cfg, log=lambda s: click.echo(s, err=True)).run()
     summary = build_summary(
         outcome.results, cfg.criteria, workloads=cfg.workloads, target=cfg.target,
@@ -180,6 +184,10 @@ def _do_run(values: dict[str, Any], with_plots: bool, print_summary: bool | None
     )
     return _finish(summary, cfg.out, with_plots, cfg.pushgateway, cfg.push_job, print_summary,
                    summary_block)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _finish(summary: dict[str, Any], out: Path, with_plots: bool, pushgateway: str,

@@ -154,6 +154,9 @@ def run_step(spec: StepSpec, timeout_s: float) -> StepOutcome:
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             rc, status = None, "timeout"
+        except BaseException:  # interrupted (SIGTERM/Ctrl-C): leave no guidellm behind
+            _kill_group(proc)
+            raise
     wall = time.monotonic() - t0
     report = spec.report_path if spec.report_path.is_file() else None
     if status == "timeout":

@@ -91,6 +91,7 @@ class Sweep:
         self.results: list[RateResult] = []
         self.timings: dict[str, float] = {"media_s": 0.0, "guidellm_s": 0.0}
         self._writer: DatasetWriter | None = None
+        self._current: tuple[str, float] = ("", 0.0)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -107,14 +108,23 @@ class Sweep:
         except ConnectionError as exc:
             return self._abort_before_start(f"target unreachable: {exc}")
 
-        self._writer = DatasetWriter(cfg.effective_data_dir, cfg.shape, self.seed,
-                                     cfg.tokenizer or None)
-        datasets = self._prepare(cfg.rates)
-        for workload in cfg.workloads:
-            aborted = self._sweep_workload(workload, datasets)
-            if aborted:
-                self._mark_not_run(workload)
-                return self._outcome(aborted)
+        try:
+            self._writer = DatasetWriter(cfg.effective_data_dir, cfg.shape, self.seed,
+                                         cfg.tokenizer or None)
+            datasets = self._prepare(cfg.rates)
+        except (OSError, RuntimeError, ValueError) as exc:
+            return self._abort_before_start(f"dataset generation failed: {exc}")
+        try:
+            for workload in cfg.workloads:
+                aborted = self._sweep_workload(workload, datasets)
+                if aborted:
+                    self._mark_not_run(workload)
+                    return self._outcome(aborted)
+        except KeyboardInterrupt:
+            workload, rate = self._current
+            self._mark_not_run(workload)
+            return self._outcome({"workload": workload, "rate": rate,
+                                  "reason": f"interrupted during {workload} {rate:g} req/s"})
         return self._outcome(None)
 
     # -- steps -----------------------------------------------------------------------------
@@ -149,6 +159,7 @@ class Sweep:
 
     def _step(self, workload: str, rate: float, ds: Dataset, probe: bool = False) -> RateResult:
         cfg = self.cfg
+        self._current = (workload, rate)
         spec = gl.StepSpec(
             target=cfg.target, model=self.model, rate=rate, duration_s=cfg.duration_s,
             warmup_s=cfg.warmup_s, data_path=ds.path,
