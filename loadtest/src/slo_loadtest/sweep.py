@@ -109,12 +109,12 @@ class Sweep:
             return self._abort_before_start(f"target unreachable: {exc}")
 
         try:
-            self._writer = DatasetWriter(cfg.effective_data_dir, cfg.shape, self.seed,
-                                         cfg.tokenizer or None)
-            datasets = self._prepare(cfg.rates)
-        except (OSError, RuntimeError, ValueError) as exc:
-            return self._abort_before_start(f"dataset generation failed: {exc}")
-        try:
+            try:
+                self._writer = DatasetWriter(cfg.effective_data_dir, cfg.shape, self.seed,
+                                             cfg.tokenizer or None)
+                datasets = self._prepare(cfg.rates)
+            except (OSError, RuntimeError, ValueError) as exc:
+                return self._abort_before_start(f"dataset generation failed: {exc}")
             for workload in cfg.workloads:
                 aborted = self._sweep_workload(workload, datasets)
                 if aborted:
@@ -123,8 +123,9 @@ class Sweep:
         except KeyboardInterrupt:
             workload, rate = self._current
             self._mark_not_run(workload)
-            return self._outcome({"workload": workload, "rate": rate,
-                                  "reason": f"interrupted during {workload} {rate:g} req/s"})
+            where = f"during {workload} {rate:g} req/s" if workload else "before the first rate"
+            return self._outcome({"workload": workload, "rate": rate if workload else None,
+                                  "reason": f"interrupted {where}"})
         return self._outcome(None)
 
     # -- steps -----------------------------------------------------------------------------
