@@ -199,12 +199,15 @@ def _patch_vllm_timing() -> None:
     threads = media_torch_threads()
 
     def make_main(original: Any) -> Any:
-        def _apply_hf_processor_main(self: Any, mm_items: Any, *args: Any, **kwargs: Any) -> Any:
+        # Signature-agnostic on purpose: vLLM 0.26 inherits this method from
+        # BaseMultiModalProcessor with `prompt` first (seen on an H200 run: naming `mm_items`
+        # here turned every request into "got multiple values for argument 'prompt'").
+        def _apply_hf_processor_main(self: Any, *args: Any, **kwargs: Any) -> Any:
             with (
                 stages.timed(stages.MM_PROCESSOR),
                 limited_torch_threads(threads if fast_path_enabled() else 0),
             ):
-                return original(self, mm_items, *args, **kwargs)
+                return original(self, *args, **kwargs)
 
         return _apply_hf_processor_main
 
