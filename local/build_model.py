@@ -152,6 +152,10 @@ def model_config(text: dict[str, Any], vision: dict[str, Any], ids: dict[str, in
         "eos_token_id": [ids["eos_token"], ids["eot_token"]],
         "bos_token_id": ids["bos_token"],
         "use_bidirectional_attention": "vision",
+        # E4B's full-attention layers have global_head_dim 512, so transformers >= 5.17 treats
+        # head_dim as per-layer and raises when vLLM 0.26 reads config.head_dim (seen on the
+        # H200); the global value is the one vLLM means there.
+        "allow_global_per_layer_attribute_access": True,
         **text,
     }
     return {

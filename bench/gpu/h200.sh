@@ -32,7 +32,7 @@ install)
   mkdir -p /tmp/wh
   cat /tmp/parts/part-* | tar -x -C /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -name '*.whl')
+    --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
   python3 "$REPO/local/build_model.py" --vision e4b --text e4b --out "$MODEL_DIR"
   python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
@@ -61,12 +61,14 @@ serve)
   echo "started $name on :$port"
   ;;
 wait)
+  # Fail fast: a server that crashed (Traceback in its log) is not waited for.
   for port in "$@"; do
     t0=$(date +%s)
+    log=$(grep -l -- "--port $port" /tmp/vllm-*.log | head -n1)
     until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
-      if (($(date +%s) - t0 > 560)); then
-        echo "server :$port not healthy"
-        tail -n 30 /tmp/vllm-*.log
+      if grep -q Traceback "$log" || (($(date +%s) - t0 > ${WAIT_S:-420})); then
+        echo "server :$port not healthy ($log):"
+        grep -B2 -A4 Error "$log" | tail -n 20
         exit 1
       fi
       sleep 5

@@ -13,7 +13,11 @@ OUT="${2:?usage: wheelhouse.sh VLLM_VERSION OUT_DIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY_VERSION="${PY_VERSION:-3.12}"
 GUIDELLM="${GUIDELLM:-guidellm==0.8.1}"
-EXCLUDE='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$'
+# Left out: the host's torch stack, and its transformers stack: vLLM 0.26's resolution picks
+# transformers 5.24 + huggingface-hub 2.x, which shadow the host's 5.17 and break its import
+# (seen on the H200: "huggingface-hub>=1.5.0,<2.0 is required"). MLA/tilelang kernels are unused
+# by Gemma 4 and cost ~170 MB.
+EXCLUDE='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*|transformers|huggingface-hub|tokenizers|safetensors|tokenspeed-.*|tilelang|z3-solver)$'
 PLATFORMS=()
 for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 \
   manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
