@@ -149,3 +149,29 @@ def test_stage_metrics_recorded(vllm_processor) -> None:
         assert after.get(stage, 0) >= before.get(stage, 0) + 1, stage
     buckets = media.stages.BUCKETS
     assert buckets[0] == 0.0005 and buckets[-1] == 2.0
+
+
+def test_limited_torch_threads_leaves_other_threads_alone() -> None:
+    """The limit is per calling thread: an engine thread in the same process keeps its count."""
+    import threading
+
+    if torch.get_num_threads() < 2:
+        torch.set_num_threads(2)
+    ready, go = threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+
+    def other() -> None:
+        torch.ones(100_000).sum()  # torch initialises this thread's OpenMP count on first use
+        seen["before"] = torch.get_num_threads()
+        ready.set()
+        go.wait(30)
+        seen["during"] = torch.get_num_threads()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    ready.wait(30)
+    with media.limited_torch_threads(1):
+        assert torch.get_num_threads() == 1
+        go.set()
+        thread.join(30)
+    assert seen["during"] == seen["before"] >= 2
