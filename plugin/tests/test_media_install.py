@@ -175,3 +175,34 @@ def test_limited_torch_threads_leaves_other_threads_alone() -> None:
         go.set()
         thread.join(30)
     assert seen["during"] == seen["before"] >= 2
+
+
+def test_wrappers_pass_any_signature_through() -> None:
+    """vLLM 0.26's inherited `_apply_hf_processor_main(prompt, mm_items, ...)` (prompt first,
+    keyword or positional) must reach the original unchanged; vLLM 0.26 is not installed here,
+    so a class with that signature stands in for it."""
+
+    class Prompt1st:
+        def _apply_hf_processor_main(self, prompt, mm_items, hf_kwargs, tokenization_kwargs=None):
+            return (prompt, mm_items, hf_kwargs, tokenization_kwargs)
+
+        def load_bytes(self, data, *, num_frames=32):
+            return (data, num_frames)
+
+        def load_base64(self, media_type, data):
+            return self.load_bytes(base64.b64decode(data))
+
+    main = media.timed_processor_main(Prompt1st._apply_hf_processor_main, threads=1)
+    obj = Prompt1st()
+    assert main(obj, "p", "m", {"a": 1}) == ("p", "m", {"a": 1}, None)
+    assert main(obj, prompt="p", mm_items="m", hf_kwargs={}, tokenization_kwargs={"t": 1}) == (
+        "p",
+        "m",
+        {},
+        {"t": 1},
+    )
+    Prompt1st.load_bytes = media.timed_load_bytes(Prompt1st.load_bytes)
+    load_base64 = media.timed_load_base64(Prompt1st.load_base64)
+    assert load_base64(obj, "video/mp4", base64.b64encode(b"xyz").decode()) == (b"xyz", 32)
+    assert load_base64(obj, media_type="video/mp4", data="") == (b"", 32)
+    assert Prompt1st.load_bytes(obj, b"q", num_frames=4) == (b"q", 4)

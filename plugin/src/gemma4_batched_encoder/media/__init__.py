@@ -17,7 +17,8 @@ Engine-core and worker processes are left untouched (they see no request media; 
 only builds fixed dummy inputs for memory profiling).
 
 Patch ledger (vLLM 0.32 / transformers 5.19): transformers `Gemma4ImageProcessor._preprocess`;
-vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py) and
+vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py, or
+vllm/multimodal/video.py before 0.27) and
 `Gemma4MultiModalProcessor._apply_hf_processor_main` (vllm/model_executor/models/gemma4_mm.py),
 the last three for timing only.
 """
@@ -25,6 +26,7 @@ the last three for timing only.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import multiprocessing
 import os
@@ -162,55 +164,78 @@ def _wrap(cls: Any, name: str, make: Any) -> None:
     setattr(cls, name, wrapper)
 
 
+def timed_load_bytes(original: Any) -> Any:
+    """`VideoMediaIO.load_bytes` recording `video_decode` (arguments passed through as given)."""
+
+    def load_bytes(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - start
+            _local.decode_seconds = getattr(_local, "decode_seconds", 0.0) + elapsed
+            stages.observe(stages.VIDEO_DECODE, elapsed)
+
+    return load_bytes
+
+
+def timed_load_base64(original: Any) -> Any:
+    """`VideoMediaIO.load_base64` recording `base64_decode`: its time minus load_bytes'."""
+
+    def load_base64(self: Any, *args: Any, **kwargs: Any) -> Any:
+        media_type = args[0] if args else kwargs.get("media_type", "")
+        _local.decode_seconds = 0.0
+        start = time.perf_counter()
+        result = original(self, *args, **kwargs)
+        total = time.perf_counter() - start
+        if str(media_type).lower() != "video/jpeg":  # jpeg frame lists decode images instead
+            stages.observe(stages.BASE64, max(0.0, total - _local.decode_seconds))
+        return result
+
+    return load_base64
+
+
+def timed_processor_main(original: Any, threads: int) -> Any:
+    """`_apply_hf_processor_main` recording `mm_processor`, torch threads limited (fast path).
+
+    Signature-agnostic on purpose: vLLM 0.26 inherits this method from BaseMultiModalProcessor
+    with `prompt` first (seen on an H200 run: naming `mm_items` here turned every request into
+    "got multiple values for argument 'prompt'").
+    """
+
+    def _apply_hf_processor_main(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with (
+            stages.timed(stages.MM_PROCESSOR),
+            limited_torch_threads(threads if fast_path_enabled() else 0),
+        ):
+            return original(self, *args, **kwargs)
+
+    return _apply_hf_processor_main
+
+
 def _patch_vllm_timing() -> None:
     """Stage timers around vLLM's video loading and Gemma 4 multimodal processor."""
+    threads = media_torch_threads()
+    # vllm/multimodal/media/video.py on 0.27+, vllm/multimodal/video.py before (as media_guard).
+    for module_name in ("vllm.multimodal.media.video", "vllm.multimodal.video"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        video_io = getattr(module, "VideoMediaIO", None)
+        if video_io is not None:
+            _wrap(video_io, "load_bytes", timed_load_bytes)
+            _wrap(video_io, "load_base64", timed_load_base64)
+            break
+    else:
+        logger.info("gemma4 media: no VideoMediaIO found; video stages not timed")
     try:
         from vllm.model_executor.models.gemma4_mm import Gemma4MultiModalProcessor
-        from vllm.multimodal.media.video import VideoMediaIO
     except ImportError:
-        logger.info("gemma4 media: vLLM media classes not found; only the processor is timed")
+        logger.info("gemma4 media: no Gemma4MultiModalProcessor; mm_processor not timed")
         return
-
-    def make_load_bytes(original: Any) -> Any:
-        def load_bytes(self: Any, data: bytes, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(self, data, *args, **kwargs)
-            finally:
-                elapsed = time.perf_counter() - start
-                _local.decode_seconds = getattr(_local, "decode_seconds", 0.0) + elapsed
-                stages.observe(stages.VIDEO_DECODE, elapsed)
-
-        return load_bytes
-
-    def make_load_base64(original: Any) -> Any:
-        # load_base64 = b64decode + load_bytes; base64 time is the difference.
-        def load_base64(self: Any, media_type: str, data: str, *args: Any, **kwargs: Any) -> Any:
-            _local.decode_seconds = 0.0
-            start = time.perf_counter()
-            result = original(self, media_type, data, *args, **kwargs)
-            total = time.perf_counter() - start
-            if media_type.lower() != "video/jpeg":  # jpeg frame lists decode images instead
-                stages.observe(stages.BASE64, max(0.0, total - _local.decode_seconds))
-            return result
-
-        return load_base64
-
-    threads = media_torch_threads()
-
-    def make_main(original: Any) -> Any:
-        # Signature-agnostic on purpose: vLLM 0.26 inherits this method from
-        # BaseMultiModalProcessor with `prompt` first (seen on an H200 run: naming `mm_items`
-        # here turned every request into "got multiple values for argument 'prompt'").
-        def _apply_hf_processor_main(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with (
-                stages.timed(stages.MM_PROCESSOR),
-                limited_torch_threads(threads if fast_path_enabled() else 0),
-            ):
-                return original(self, *args, **kwargs)
-
-        return _apply_hf_processor_main
-
-    _wrap(VideoMediaIO, "load_bytes", make_load_bytes)
-    _wrap(VideoMediaIO, "load_base64", make_load_base64)
-    _wrap(Gemma4MultiModalProcessor, "_apply_hf_processor_main", make_main)
+    _wrap(
+        Gemma4MultiModalProcessor,
+        "_apply_hf_processor_main",
+        lambda original: timed_processor_main(original, threads),
+    )
