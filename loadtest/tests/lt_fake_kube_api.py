@@ -41,9 +41,17 @@ class FakeKubeAPI:
                 self.wfile.write(data)
 
             def _not_found(self, what: str) -> None:
-                self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                 "reason": "NotFound", "code": 404,
-                                 "message": f"{what} not found"})
+                self._send(
+                    404,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "reason": "NotFound",
+                        "code": 404,
+                        "message": f"{what} not found",
+                    },
+                )
 
             def do_POST(self) -> None:
                 u = urlparse(self.path)
@@ -65,10 +73,20 @@ class FakeKubeAPI:
                 if parts[:3] == ["apis", "batch", "v1"] and len(parts) >= 6:
                     ns = parts[4]
                     if len(parts) == 6:
-                        items = [j for (n, _), j in api.jobs.items()
-                                 if n == ns and _match(j, q.get("labelSelector", ""))]
-                        self._send(200, {"kind": "JobList", "apiVersion": "batch/v1",
-                                         "metadata": {}, "items": items})
+                        items = [
+                            j
+                            for (n, _), j in api.jobs.items()
+                            if n == ns and _match(j, q.get("labelSelector", ""))
+                        ]
+                        self._send(
+                            200,
+                            {
+                                "kind": "JobList",
+                                "apiVersion": "batch/v1",
+                                "metadata": {},
+                                "items": items,
+                            },
+                        )
                         return
                     job = api.jobs.get((ns, parts[6]))
                     self._send(200, job) if job else self._not_found(f"job {parts[6]}")
@@ -76,10 +94,15 @@ class FakeKubeAPI:
                 if parts[:2] == ["api", "v1"] and len(parts) >= 5 and parts[4] == "pods":
                     ns = parts[3]
                     if len(parts) == 5:
-                        items = [p for (n, _), p in api.pods.items()
-                                 if n == ns and _match(p, q.get("labelSelector", ""))]
-                        self._send(200, {"kind": "PodList", "apiVersion": "v1",
-                                         "metadata": {}, "items": items})
+                        items = [
+                            p
+                            for (n, _), p in api.pods.items()
+                            if n == ns and _match(p, q.get("labelSelector", ""))
+                        ]
+                        self._send(
+                            200,
+                            {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items},
+                        )
                         return
                     key = (ns, parts[5])
                     if key not in api.pods:
@@ -110,7 +133,8 @@ class FakeKubeAPI:
                         self.wfile.flush()
                         sent = len(text)
                     if api.pods[key]["status"]["phase"] != "Running" and sent >= len(
-                            api.logs.get(key, "")):
+                        api.logs.get(key, "")
+                    ):
                         break
                     time.sleep(0.05)
                 self.wfile.write(b"0\r\n\r\n")
@@ -127,17 +151,23 @@ class FakeKubeAPI:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         name = body["metadata"]["name"]
         job = json.loads(json.dumps(body))
-        job["metadata"].update({"namespace": ns, "uid": f"uid-{name}",
-                                "creationTimestamp": now})
+        job["metadata"].update({"namespace": ns, "uid": f"uid-{name}", "creationTimestamp": now})
         job["status"] = {"active": 1}
         pod_name = f"{name}-abcde"
         labels = dict(job["spec"]["template"]["metadata"].get("labels", {}))
         labels["job-name"] = name
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
-                            "creationTimestamp": now},
-               "spec": job["spec"]["template"]["spec"],
-               "status": {"phase": "Pending"}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": ns,
+                "labels": labels,
+                "creationTimestamp": now,
+            },
+            "spec": job["spec"]["template"]["spec"],
+            "status": {"phase": "Pending"},
+        }
         with self.lock:
             self.jobs[(ns, name)] = job
             self.pods[(ns, pod_name)] = pod
@@ -153,9 +183,17 @@ class FakeKubeAPI:
 
     def finish_job(self, ns: str, job: str, ok: bool) -> None:
         j = self.jobs[(ns, job)]
-        j["status"] = {"succeeded" if ok else "failed": 1, "conditions": [{
-            "type": "Complete" if ok else "Failed", "status": "True",
-            "reason": "Completed" if ok else "BackoffLimitExceeded", "message": ""}]}
+        j["status"] = {
+            "succeeded" if ok else "failed": 1,
+            "conditions": [
+                {
+                    "type": "Complete" if ok else "Failed",
+                    "status": "True",
+                    "reason": "Completed" if ok else "BackoffLimitExceeded",
+                    "message": "",
+                }
+            ],
+        }
 
     def __enter__(self) -> FakeKubeAPI:
         self._thread.start()

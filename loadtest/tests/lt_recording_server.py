@@ -57,10 +57,15 @@ class RecordingServer:
                 for i in range(server.tokens):
                     time.sleep(server.delay_s)
                     chunk = {
-                        "id": "r", "object": "chat.completion.chunk", "model": server.model,
+                        "id": "r",
+                        "object": "chat.completion.chunk",
+                        "model": server.model,
                         "choices": [{"index": 0, "delta": {"content": f" t{i}"}}],
-                        "usage": {"prompt_tokens": 5, "completion_tokens": i + 1,
-                                  "total_tokens": 6 + i},
+                        "usage": {
+                            "prompt_tokens": 5,
+                            "completion_tokens": i + 1,
+                            "total_tokens": 6 + i,
+                        },
                     }
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()

@@ -16,8 +16,9 @@ from slo_loadtest.guidellm_adapter import load_report
 from slo_loadtest.verdict import allowed_incomplete, judge
 
 FIXTURES = Path(__file__).parent / "fixtures"
-LENIENT = Criteria(slo_ms=600_000, min_achieved_ratio=0.0, max_error_ratio=1.0,
-                   max_dispatch_delay_ms=600_000)
+LENIENT = Criteria(
+    slo_ms=600_000, min_achieved_ratio=0.0, max_error_ratio=1.0, max_dispatch_delay_ms=600_000
+)
 
 
 def m(name: str):
@@ -38,8 +39,16 @@ def test_fixtures_are_real_small_guidellm_081_reports(path: Path) -> None:
 def test_ordinary_run_is_measured() -> None:
     x = m("text-1rps")
     assert x.successful > 0 and x.errored == 0
-    for v in (x.ttft_p50_ms, x.ttft_p95_ms, x.ttft_p99_ms, x.itl_median_ms, x.itl_p95_ms,
-              x.latency_p95_ms, x.dispatch_delay_p95_ms, x.achieved_rate):
+    for v in (
+        x.ttft_p50_ms,
+        x.ttft_p95_ms,
+        x.ttft_p99_ms,
+        x.itl_median_ms,
+        x.itl_p95_ms,
+        x.latency_p95_ms,
+        x.dispatch_delay_p95_ms,
+        x.achieved_rate,
+    ):
         assert v is not None and v > 0
     assert x.ttft_p50_ms <= x.ttft_p95_ms <= x.ttft_p99_ms
     assert x.latency_p95_ms >= x.ttft_p95_ms
@@ -49,8 +58,12 @@ def test_ordinary_run_is_measured() -> None:
     ok, reasons = judge(x, LENIENT)
     assert ok, reasons
     # the same run against a 1 ms SLO fails on latency and only on latency
-    ok, reasons = judge(x, Criteria(slo_ms=1, min_achieved_ratio=0.0, max_error_ratio=1.0,
-                                    max_dispatch_delay_ms=600_000))
+    ok, reasons = judge(
+        x,
+        Criteria(
+            slo_ms=1, min_achieved_ratio=0.0, max_error_ratio=1.0, max_dispatch_delay_ms=600_000
+        ),
+    )
     assert not ok and any("> SLO 1 ms" in r for r in reasons)
 
 
@@ -64,8 +77,12 @@ def test_errors_fail_the_rate() -> None:
 def test_incompletes_beyond_the_in_flight_allowance_fail() -> None:
     x = m("video-incomplete")
     assert x.incomplete > allowed_incomplete(x.target_rate, 300)
-    ok, reasons = judge(x, Criteria(slo_ms=300, min_achieved_ratio=0.0, max_error_ratio=1.0,
-                                    max_dispatch_delay_ms=600_000))
+    ok, reasons = judge(
+        x,
+        Criteria(
+            slo_ms=300, min_achieved_ratio=0.0, max_error_ratio=1.0, max_dispatch_delay_ms=600_000
+        ),
+    )
     assert not ok and any("incomplete" in r for r in reasons), reasons
 
 
@@ -73,11 +90,22 @@ def test_client_that_fell_behind_fails() -> None:
     x = m("text-fell-behind")
     assert x.dispatch_delay_p95_ms > 50
     assert x.achieved_rate < 0.95 * x.target_rate
-    ok, reasons = judge(x, Criteria(slo_ms=600_000, min_achieved_ratio=0.0,
-                                    max_error_ratio=1.0, max_dispatch_delay_ms=50))
+    ok, reasons = judge(
+        x,
+        Criteria(
+            slo_ms=600_000, min_achieved_ratio=0.0, max_error_ratio=1.0, max_dispatch_delay_ms=50
+        ),
+    )
     assert not ok and any("client fell behind" in r for r in reasons), reasons
-    ok, reasons = judge(x, Criteria(slo_ms=600_000, min_achieved_ratio=0.95,
-                                    max_error_ratio=1.0, max_dispatch_delay_ms=600_000))
+    ok, reasons = judge(
+        x,
+        Criteria(
+            slo_ms=600_000,
+            min_achieved_ratio=0.95,
+            max_error_ratio=1.0,
+            max_dispatch_delay_ms=600_000,
+        ),
+    )
     assert not ok and any(r.startswith("achieved") for r in reasons), reasons
 
 
@@ -85,8 +113,21 @@ def test_analyze_cli_writes_every_output_and_exit_code(tmp_path: Path) -> None:
     runner = CliRunner()
     reports = [str(FIXTURES / f) for f in ("text-1rps.json", "video-incomplete.json")]
     out = tmp_path / "a"
-    r = runner.invoke(cli, ["analyze", *reports, "--out", str(out), "--slo-ms", "600000",
-                            "--min-achieved-ratio", "0", "--max-dispatch-delay-ms", "600000"])
+    r = runner.invoke(
+        cli,
+        [
+            "analyze",
+            *reports,
+            "--out",
+            str(out),
+            "--slo-ms",
+            "600000",
+            "--min-achieved-ratio",
+            "0",
+            "--max-dispatch-delay-ms",
+            "600000",
+        ],
+    )
     assert r.exit_code == 1, r.output  # video's incompletes fail it
     s = json.loads((out / "summary.json").read_text())
     assert s["schema_version"] == 1 and s["guidellm_version"] == "0.8.1"
@@ -101,9 +142,21 @@ def test_analyze_cli_writes_every_output_and_exit_code(tmp_path: Path) -> None:
     assert (out / "latency-vs-rate.png").stat().st_size > 5000
 
     # require-rate: text passes at 1 req/s, so requiring 1 passes and requiring 2 fails
-    r = runner.invoke(cli, ["analyze", reports[0], "--slo-ms", "600000",
-                            "--min-achieved-ratio", "0", "--max-dispatch-delay-ms", "600000",
-                            "--require-rate", "1"])
+    r = runner.invoke(
+        cli,
+        [
+            "analyze",
+            reports[0],
+            "--slo-ms",
+            "600000",
+            "--min-achieved-ratio",
+            "0",
+            "--max-dispatch-delay-ms",
+            "600000",
+            "--require-rate",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, r.output
     r = runner.invoke(cli, ["analyze", reports[0], "--slo-ms", "600000", "--require-rate", "2"])
     assert r.exit_code == 1

@@ -16,8 +16,14 @@ from slo_loadtest.dataset import DatasetWriter, rows_needed
 from slo_loadtest.media import video_frame_count
 from slo_loadtest.prompts import PromptBuilder
 
-SMALL = WorkloadShape(prompt_tokens=50, video_frames=2, video_width=64, video_height=48,
-                      image_width=64, image_height=48)
+SMALL = WorkloadShape(
+    prompt_tokens=50,
+    video_frames=2,
+    video_width=64,
+    video_height=48,
+    image_width=64,
+    image_height=48,
+)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -86,8 +92,9 @@ def _word_tokenizer(path: Path) -> Path:
     vocab = {"<unk>": 0, "<bos>": 1} | {f"w{i}": i + 2 for i in range(300)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<bos>"
-                            ).save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<bos>"
+    ).save_pretrained(path)
     return path
 
 

@@ -29,7 +29,11 @@ def test_short_sweep_against_real_vllm(vllm_server, tmp_path: Path) -> None:
     assert s["schema_version"] == 1 and s["complete"] and s["guidellm_version"] == "0.8.1"
     assert s["model"] == vllm_server.model
     assert [(r["workload"], r["target_rate"], r["status"]) for r in s["results"]] == [
-        ("text", 0.5, "ok"), ("text", 1.0, "ok"), ("video", 0.5, "ok"), ("video", 1.0, "ok")]
+        ("text", 0.5, "ok"),
+        ("text", 1.0, "ok"),
+        ("video", 0.5, "ok"),
+        ("video", 1.0, "ok"),
+    ]
     for r in s["results"]:
         m = r["measurement"]
         assert m["successful"] + m["incomplete"] + m["errored"] > 0

@@ -28,10 +28,25 @@ def test_unreachable_target_gives_partial_report_and_exit_3(tmp_path: Path) -> N
     out = tmp_path / "out"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "slo_loadtest.cli", "run", "--target",
-         f"http://127.0.0.1:{_closed_port()}", "--rates", "1,2", "--duration", "3",
-         "--warmup", "0", "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "slo_loadtest.cli",
+            "run",
+            "--target",
+            f"http://127.0.0.1:{_closed_port()}",
+            "--rates",
+            "1,2",
+            "--duration",
+            "3",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert time.monotonic() - t0 < 60
     assert proc.returncode == 3, proc.stderr
@@ -41,8 +56,12 @@ def test_unreachable_target_gives_partial_report_and_exit_3(tmp_path: Path) -> N
     assert s["failed_step"]["workload"] == "text" and s["failed_step"]["rate"] == 1
     assert "Connection refused" in s["failed_step"]["message"]
     statuses = {(r["workload"], r["target_rate"]): r["status"] for r in s["results"]}
-    assert statuses == {("text", 1): "error", ("text", 2): "not_run",
-                        ("video", 1): "not_run", ("video", 2): "not_run"}
+    assert statuses == {
+        ("text", 1): "error",
+        ("text", 2): "not_run",
+        ("video", 1): "not_run",
+        ("video", 2): "not_run",
+    }
     md = (out / "report.md").read_text()
     assert "failed at text 1 req/s" in md and "partial" in md
     assert (out / "results.csv").exists()
@@ -50,9 +69,18 @@ def test_unreachable_target_gives_partial_report_and_exit_3(tmp_path: Path) -> N
 
 def test_server_dying_mid_sweep_stops_at_the_failing_rate(tmp_path: Path) -> None:
     srv = RecordingServer().__enter__()
-    cfg = SweepConfig(target=srv.url, model=srv.model, workloads=("text",),
-                      rates=(1.0, 2.0, 3.0), duration_s=3, warmup_s=0, prompt_tokens=20,
-                      max_workers=1, out=tmp_path / "out", step_timeout_s=150)
+    cfg = SweepConfig(
+        target=srv.url,
+        model=srv.model,
+        workloads=("text",),
+        rates=(1.0, 2.0, 3.0),
+        duration_s=3,
+        warmup_s=0,
+        prompt_tokens=20,
+        max_workers=1,
+        out=tmp_path / "out",
+        step_timeout_s=150,
+    )
 
     def log(line: str) -> None:
         if line.startswith("[text 1 req/s]") and ("PASS" in line or "FAIL" in line):
@@ -66,8 +94,13 @@ def test_server_dying_mid_sweep_stops_at_the_failing_rate(tmp_path: Path) -> Non
     assert by_rate[2.0].status in ("error", "timeout")
     assert by_rate[3.0].status == "not_run"
     assert outcome.aborted and outcome.aborted["rate"] == 2.0
-    summary = build_summary(outcome.results, cfg.criteria, workloads=cfg.workloads,
-                            target=cfg.target, aborted=outcome.aborted)
+    summary = build_summary(
+        outcome.results,
+        cfg.criteria,
+        workloads=cfg.workloads,
+        target=cfg.target,
+        aborted=outcome.aborted,
+    )
     assert summary["failed_step"]["rate"] == 2.0 and not summary["complete"]
     paths = write_outputs(summary, cfg.out)
     assert "failed at text 2 req/s" in paths["markdown"].read_text()
@@ -80,11 +113,21 @@ def test_job_entrypoint_reads_env_and_leaves_markers(tmp_path: Path) -> None:
 
     from slo_loadtest.outputs import extract_summary
 
-    env = {**os.environ, "SLO_LOADTEST_TARGET": f"http://127.0.0.1:{_closed_port()}",
-           "SLO_LOADTEST_OUT": str(tmp_path / "results"), "SLO_LOADTEST_RATES": "1..3",
-           "SLO_LOADTEST_WORKLOADS": "video", "SLO_LOADTEST_SLO_MS": "250"}
-    proc = subprocess.run([sys.executable, "-m", "slo_loadtest.cli", "job"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "SLO_LOADTEST_TARGET": f"http://127.0.0.1:{_closed_port()}",
+        "SLO_LOADTEST_OUT": str(tmp_path / "results"),
+        "SLO_LOADTEST_RATES": "1..3",
+        "SLO_LOADTEST_WORKLOADS": "video",
+        "SLO_LOADTEST_SLO_MS": "250",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "slo_loadtest.cli", "job"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr
     summary = extract_summary(proc.stdout)
     assert summary and summary["criteria"]["slo_ms"] == 250
@@ -102,11 +145,33 @@ def test_sigterm_mid_rate_kills_guidellm_and_writes_partial_report(tmp_path: Pat
     out = tmp_path / "out"
     with RecordingServer() as srv:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slo_loadtest.cli", "run", "--target", srv.url,
-             "--model", srv.model, "--workloads", "text", "--rates", "1,2",
-             "--duration", "120", "--warmup", "0", "--prompt-tokens", "20",
-             "--max-workers", "1", "--out", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "slo_loadtest.cli",
+                "run",
+                "--target",
+                srv.url,
+                "--model",
+                srv.model,
+                "--workloads",
+                "text",
+                "--rates",
+                "1,2",
+                "--duration",
+                "120",
+                "--warmup",
+                "0",
+                "--prompt-tokens",
+                "20",
+                "--max-workers",
+                "1",
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         deadline = time.monotonic() + 240
         while not srv.bodies:  # guidellm is sending: the rate is under way

@@ -16,14 +16,30 @@ from slo_loadtest import guidellm_adapter as gl
 from slo_loadtest.config import WorkloadShape
 from slo_loadtest.dataset import DatasetWriter
 
-SHAPE = WorkloadShape(prompt_tokens=40, video_frames=2, video_width=64, video_height=48,
-                      image_width=64, image_height=48, images_per_request=2)
+SHAPE = WorkloadShape(
+    prompt_tokens=40,
+    video_frames=2,
+    video_width=64,
+    video_height=48,
+    image_width=64,
+    image_height=48,
+    images_per_request=2,
+)
 
 
 def _spec(srv: RecordingServer, ds: Path, step: Path, **kw: object) -> gl.StepSpec:
-    return gl.StepSpec(target=srv.url, model=srv.model, rate=2, duration_s=3, warmup_s=0,
-                       data_path=ds, step_dir=step, max_workers=1,
-                       labels={"workload": "video"}, **kw)  # type: ignore[arg-type]
+    return gl.StepSpec(
+        target=srv.url,
+        model=srv.model,
+        rate=2,
+        duration_s=3,
+        warmup_s=0,
+        data_path=ds,
+        step_dir=step,
+        max_workers=1,
+        labels={"workload": "video"},
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_video_rows_become_video_url_data_urls(tmp_path: Path) -> None:
@@ -69,8 +85,13 @@ def test_a_hung_guidellm_is_killed_at_the_bound(tmp_path: Path) -> None:
     """guidellm 0.8.1 waits forever when every row is unusable (here: a list in the image
     column); the adapter kills its whole process group at the wall-time bound."""
     ds = tmp_path / "bad.jsonl"
-    ds.write_text("".join(json.dumps({"prompt": "x", "image": ["/a.jpg", "/b.jpg"],
-                                      "output_tokens_count": 10}) + "\n" for _ in range(10)))
+    ds.write_text(
+        "".join(
+            json.dumps({"prompt": "x", "image": ["/a.jpg", "/b.jpg"], "output_tokens_count": 10})
+            + "\n"
+            for _ in range(10)
+        )
+    )
     with RecordingServer() as srv:
         t0 = time.monotonic()
         out = gl.run_step(_spec(srv, ds, tmp_path / "s"), timeout_s=45)
@@ -108,17 +129,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
-
-
-
 def test_scenario_validates_with_guidellms_own_model(tmp_path: Path) -> None:
     """The scenario we write is what guidellm 0.8.1's BenchmarkScenario accepts, and a warm-up
     below one second stays seconds (a bare 0.5 would mean 50 % of the duration)."""
     from guidellm.schemas.benchmark import BenchmarkScenario
 
-    spec = gl.StepSpec(target="http://127.0.0.1:1/v1", model="m", rate=2.5, duration_s=10,
-                       warmup_s=0.5, data_path=tmp_path / "d.jsonl", step_dir=tmp_path / "s",
-                       tokenizer=str(tmp_path), sample_size=3)
+    spec = gl.StepSpec(
+        target="http://127.0.0.1:1/v1",
+        model="m",
+        rate=2.5,
+        duration_s=10,
+        warmup_s=0.5,
+        data_path=tmp_path / "d.jsonl",
+        step_dir=tmp_path / "s",
+        tokenizer=str(tmp_path),
+        sample_size=3,
+    )
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(gl.build_scenario(spec)))
     (bench,) = BenchmarkScenario.create(scenario=path).get_benchmarks()

@@ -41,20 +41,36 @@ def _summary() -> dict:
     m = load_report(FIXTURES / "text-1rps.json").measurements[0]
     r = RateResult(workload="text", target_rate=m.target_rate, measurement=m)
     lenient = Criteria(slo_ms=600_000, min_achieved_ratio=0, max_dispatch_delay_ms=1e6)
-    return build_summary([r], lenient, workloads=["text"], target="http://svc",
-                         model="gemma4-tiny", guidellm_version="0.8.1")
+    return build_summary(
+        [r],
+        lenient,
+        workloads=["text"],
+        target="http://svc",
+        model="gemma4-tiny",
+        guidellm_version="0.8.1",
+    )
 
 
 def _job_log(rc: int = 0) -> str:
-    return ("slo-loadtest job: waiting for http://svc/health\n"
-            "[text 1 req/s] PASS ...\n" + summary_block(_summary())
-            + f"slo-loadtest job: results ready in /results (exit code {rc}); keeping them "
-              "for 900s\n")
+    return (
+        "slo-loadtest job: waiting for http://svc/health\n"
+        "[text 1 req/s] PASS ...\n"
+        + summary_block(_summary())
+        + f"slo-loadtest job: results ready in /results (exit code {rc}); keeping them "
+        "for 900s\n"
+    )
 
 
 def test_job_manifest_is_a_valid_batch_v1_job() -> None:
-    m = loadtest_job(JobOptions(release="g4", namespace=NS, image="reg/gemma4-loadtest:1",
-                                settings={"rates": "1..20", "slo_ms": "300"}, args=("--x",)))
+    m = loadtest_job(
+        JobOptions(
+            release="g4",
+            namespace=NS,
+            image="reg/gemma4-loadtest:1",
+            settings={"rates": "1..20", "slo_ms": "300"},
+            args=("--x",),
+        )
+    )
     assert m["metadata"]["name"].startswith("g4-gemma4-serving-loadtest-cli-")
     assert len(m["metadata"]["name"]) <= 63
     pod = m["spec"]["template"]
@@ -84,13 +100,27 @@ def test_job_matches_the_charts_load_test_job() -> None:
     """The Job we create and the chart's standalone Job run the same pod."""
     assert (CHART / "templates" / "_loadtest.tpl").exists()
     out = subprocess.run(
-        [_helm(), "template", "g4", str(CHART), "-n", NS, "--set", "loadtest.job.enabled=true",
-         "--show-only", "templates/loadtest-job.yaml"],
-        check=True, capture_output=True, text=True, timeout=120,
+        [
+            _helm(),
+            "template",
+            "g4",
+            str(CHART),
+            "-n",
+            NS,
+            "--set",
+            "loadtest.job.enabled=true",
+            "--show-only",
+            "templates/loadtest-job.yaml",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     ).stdout
     chart_job = yaml.safe_load(out)
-    ours = loadtest_job(JobOptions(release="g4", namespace=NS, image="img",
-                                   settings={"workloads": "text,video"}))
+    ours = loadtest_job(
+        JobOptions(release="g4", namespace=NS, image="img", settings={"workloads": "text,video"})
+    )
     cpod, opod = chart_job["spec"]["template"]["spec"], ours["spec"]["template"]["spec"]
     cc, oc = cpod["containers"][0], opod["containers"][0]
     assert cc["name"] == oc["name"] == "loadtest"
@@ -104,18 +134,24 @@ def test_job_matches_the_charts_load_test_job() -> None:
     oenv = {e["name"]: e.get("value") for e in oc["env"]}
     for key in ("SLO_LOADTEST_TARGET", "SLO_LOADTEST_OUT", "HOME", "MPLCONFIGDIR"):
         assert cenv[key] == oenv[key], key
-    assert {m["mountPath"] for m in cc["volumeMounts"]} == {m["mountPath"]
-                                                            for m in oc["volumeMounts"]}
+    assert {m["mountPath"] for m in cc["volumeMounts"]} == {
+        m["mountPath"] for m in oc["volumeMounts"]
+    }
     clabels = chart_job["spec"]["template"]["metadata"]["labels"]
     olabels = ours["spec"]["template"]["metadata"]["labels"]
-    for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
-                "app.kubernetes.io/component"):
+    for key in (
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+    ):
         assert clabels[key] == olabels[key], key
 
 
 def test_parse_ready() -> None:
     assert parse_ready("x\nslo-loadtest job: results ready in /results (exit code 1); k") == (
-        True, 1)
+        True,
+        1,
+    )
     assert parse_ready("still running") == (False, None)
 
 
@@ -124,16 +160,32 @@ def test_start_status_logs_fetch_through_the_client(tmp_path: Path) -> None:
         runner = CliRunner()
         base = ["k8s"]
         conn = ["-n", NS, "--api-server", api.url]
-        res = runner.invoke(cli, [*base, "start", *conn, "--release", "g4", "--image", "img:1",
-                                  "--set", "rates=1,2", "--set", "duration_s=5"])
+        res = runner.invoke(
+            cli,
+            [
+                *base,
+                "start",
+                *conn,
+                "--release",
+                "g4",
+                "--image",
+                "img:1",
+                "--set",
+                "rates=1,2",
+                "--set",
+                "duration_s=5",
+            ],
+        )
         assert res.exit_code == 0, res.output
         assert ("POST", f"/apis/batch/v1/namespaces/{NS}/jobs") in api.requests
         (key,) = api.jobs
         name = key[1]
         assert name in res.output
-        env = {e["name"]: e["value"] for e in
-               api.jobs[key]["spec"]["template"]["spec"]["containers"][0]["env"]
-               if "value" in e}
+        env = {
+            e["name"]: e["value"]
+            for e in api.jobs[key]["spec"]["template"]["spec"]["containers"][0]["env"]
+            if "value" in e
+        }
         assert env["SLO_LOADTEST_RATES"] == "1,2" and env["SLO_LOADTEST_DURATION_S"] == "5"
 
         def status() -> dict:
@@ -146,8 +198,9 @@ def test_start_status_logs_fetch_through_the_client(tmp_path: Path) -> None:
         assert status()["phase"] == "running"
 
         # fetch before the summary exists: a clear error, no output
-        r = runner.invoke(cli, [*base, "fetch", *conn, "--job", name, "--out",
-                                str(tmp_path / "early")])
+        r = runner.invoke(
+            cli, [*base, "fetch", *conn, "--job", name, "--out", str(tmp_path / "early")]
+        )
         assert r.exit_code != 0 and "no summary" in r.output
 
         # logs: follow the stream while the pod writes, until it ends
@@ -197,16 +250,47 @@ def test_start_wait_fetches_when_results_are_ready(tmp_path: Path) -> None:
 def test_missing_job_and_bad_flags() -> None:
     with FakeKubeAPI() as api:
         runner = CliRunner()
-        r = runner.invoke(cli, ["k8s", "status", "-n", NS, "--api-server", api.url,
-                                "--job", "nope"])
+        r = runner.invoke(
+            cli, ["k8s", "status", "-n", NS, "--api-server", api.url, "--job", "nope"]
+        )
         assert r.exit_code == 1 and '"missing"' in r.output
         r = runner.invoke(cli, ["k8s", "status", "-n", NS, "--api-server", api.url])
         assert r.exit_code != 0 and "no load-test Job" in r.output
-        r = runner.invoke(cli, ["k8s", "start", "-n", NS, "--api-server", api.url,
-                                "--release", "g4", "--image", "i", "--set", "novalue"])
+        r = runner.invoke(
+            cli,
+            [
+                "k8s",
+                "start",
+                "-n",
+                NS,
+                "--api-server",
+                api.url,
+                "--release",
+                "g4",
+                "--image",
+                "i",
+                "--set",
+                "novalue",
+            ],
+        )
         assert r.exit_code == 2 and "--set" in r.output
-        r = runner.invoke(cli, ["k8s", "start", "-n", NS, "--api-server", api.url,
-                                "--release", "g4", "--image", "i", "--target", "ftp://x"])
+        r = runner.invoke(
+            cli,
+            [
+                "k8s",
+                "start",
+                "-n",
+                NS,
+                "--api-server",
+                api.url,
+                "--release",
+                "g4",
+                "--image",
+                "i",
+                "--target",
+                "ftp://x",
+            ],
+        )
         assert r.exit_code == 2 and "--target" in r.output
         assert not api.jobs
 

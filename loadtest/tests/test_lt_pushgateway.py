@@ -35,8 +35,11 @@ def pushgateway(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("prometheus-pushgateway")
     assert binary, "apt-get install -y prometheus-pushgateway"
     port = _free_port()
-    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [binary, f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -62,8 +65,11 @@ def _summary(slo_ms: float) -> dict:
     for name, workload in (("text-1rps", "text"), ("video-incomplete", "video")):
         m = load_report(FIXTURES / f"{name}.json").measurements[0]
         rs.append(RateResult(workload=workload, target_rate=m.target_rate, measurement=m))
-    return build_summary(rs, Criteria(slo_ms=slo_ms, min_achieved_ratio=0,
-                                      max_dispatch_delay_ms=1e6), workloads=["text", "video"])
+    return build_summary(
+        rs,
+        Criteria(slo_ms=slo_ms, min_achieved_ratio=0, max_dispatch_delay_ms=1e6),
+        workloads=["text", "video"],
+    )
 
 
 def test_push_names_labels_and_values(pushgateway: str) -> None:
@@ -71,15 +77,21 @@ def test_push_names_labels_and_values(pushgateway: str) -> None:
     assert [u.rsplit("/", 1)[1] for u in pushed] == ["text", "video"]
     text = _metrics(pushgateway)
     lines = [ln for ln in text.splitlines() if ln.startswith("slo_loadtest_")]
-    assert any(ln.startswith('slo_loadtest_e2e_p95_seconds{instance="",job="slo_loadtest",'
-                             'rate="1",workload="text"}') for ln in lines), lines
+    assert any(
+        ln.startswith(
+            'slo_loadtest_e2e_p95_seconds{instance="",job="slo_loadtest",rate="1",workload="text"}'
+        )
+        for ln in lines
+    ), lines
     for name in ("ttft_p95_seconds", "itl_p95_seconds", "achieved_rps", "error_ratio"):
-        assert any(ln.startswith(f"slo_loadtest_{name}{{") and 'workload="text"' in ln
-                   for ln in lines), name
+        assert any(
+            ln.startswith(f"slo_loadtest_{name}{{") and 'workload="text"' in ln for ln in lines
+        ), name
     assert 'slo_loadtest_slo_pass{instance="",job="slo_loadtest",workload="text"} 1' in text
     assert 'slo_loadtest_slo_pass{instance="",job="slo_loadtest",workload="video"} 0' in text
-    assert 'slo_loadtest_max_rate_within_slo{instance="",job="slo_loadtest",workload="text"} 1' \
-        in text
+    assert (
+        'slo_loadtest_max_rate_within_slo{instance="",job="slo_loadtest",workload="text"} 1' in text
+    )
     assert "slo_loadtest_last_run_timestamp_seconds{" in text
 
 
@@ -91,8 +103,17 @@ def test_a_new_push_replaces_the_workloads_group(pushgateway: str) -> None:
 
 
 def test_analyze_pushes_and_unreachable_gateway_is_an_error(pushgateway: str) -> None:
-    r = CliRunner().invoke(cli, ["analyze", str(FIXTURES / "text-1rps.json"), "--slo-ms",
-                                 "600000", "--pushgateway", pushgateway])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "analyze",
+            str(FIXTURES / "text-1rps.json"),
+            "--slo-ms",
+            "600000",
+            "--pushgateway",
+            pushgateway,
+        ],
+    )
     assert "slo_loadtest_slo_pass" in _metrics(pushgateway), r.output
     with pytest.raises(RuntimeError, match="push to"):
         push(f"http://127.0.0.1:{_free_port()}", _summary(1), timeout_s=2)
@@ -102,12 +123,21 @@ def test_only_dashboard_metric_names_are_written() -> None:
     """dashboards/generate.py lists the names the dashboard reads; we write no others."""
     import re
 
-    written = {m for f in (REPO / "loadtest" / "src").rglob("*.py")
-               for m in re.findall(r"slo_loadtest_[a-z0-9_]+", f.read_text())}
-    expected = {"slo_loadtest_e2e_p95_seconds", "slo_loadtest_ttft_p95_seconds",
-                "slo_loadtest_itl_p95_seconds", "slo_loadtest_achieved_rps",
-                "slo_loadtest_error_ratio", "slo_loadtest_slo_pass",
-                "slo_loadtest_max_rate_within_slo", "slo_loadtest_last_run_timestamp_seconds"}
+    written = {
+        m
+        for f in (REPO / "loadtest" / "src").rglob("*.py")
+        for m in re.findall(r"slo_loadtest_[a-z0-9_]+", f.read_text())
+    }
+    expected = {
+        "slo_loadtest_e2e_p95_seconds",
+        "slo_loadtest_ttft_p95_seconds",
+        "slo_loadtest_itl_p95_seconds",
+        "slo_loadtest_achieved_rps",
+        "slo_loadtest_error_ratio",
+        "slo_loadtest_slo_pass",
+        "slo_loadtest_max_rate_within_slo",
+        "slo_loadtest_last_run_timestamp_seconds",
+    }
     assert written == expected
     gen = (REPO / "dashboards" / "generate.py").read_text()
     assert all(name in gen for name in expected)

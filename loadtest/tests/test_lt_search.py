@@ -42,11 +42,22 @@ def test_search_beyond_runs_real_probes(tmp_path) -> None:
     from slo_loadtest.summary import build_summary
 
     with RecordingServer() as srv:
-        cfg = SweepConfig(target=srv.url, model=srv.model, workloads=("text",), rates=(1.0,),
-                          duration_s=4, warmup_s=0, prompt_tokens=20, max_workers=1,
-                          search_beyond=True, search_max_rate=3, slo_ms=60_000,
-                          min_achieved_ratio=0.5, max_dispatch_delay_ms=10_000,
-                          out=tmp_path / "out")
+        cfg = SweepConfig(
+            target=srv.url,
+            model=srv.model,
+            workloads=("text",),
+            rates=(1.0,),
+            duration_s=4,
+            warmup_s=0,
+            prompt_tokens=20,
+            max_workers=1,
+            search_beyond=True,
+            search_max_rate=3,
+            slo_ms=60_000,
+            min_achieved_ratio=0.5,
+            max_dispatch_delay_ms=10_000,
+            out=tmp_path / "out",
+        )
         outcome = Sweep(cfg, log=lambda _: None).run()
     rates = [(r.target_rate, r.search_probe, r.passed) for r in outcome.results]
     assert rates == [(1.0, False, True), (2.0, True, True), (3.0, True, True)], outcome.results

@@ -92,7 +92,8 @@ def test_run_rejects_bad_input_naming_the_flag(args: list[str], flag: str, tmp_p
 
 def test_env_vars_configure_run(tmp_path) -> None:
     r = CliRunner().invoke(
-        cli, ["run", "--out", str(tmp_path / "o")],
+        cli,
+        ["run", "--out", str(tmp_path / "o")],
         env={"SLO_LOADTEST_TARGET": "http://127.0.0.1:9", "SLO_LOADTEST_RATES": "0"},
     )
     assert r.exit_code == 2 and "--rates" in r.output

@@ -10,10 +10,24 @@ from slo_loadtest.summary import build_summary
 from slo_loadtest.verdict import RateResult, highest_passing_rate, judge
 
 GOOD = Measurement(
-    target_rate=10, achieved_rate=9.9, duration_s=30, successful=297, errored=0, incomplete=3,
-    ttft_p50_ms=20, ttft_p95_ms=40, ttft_p99_ms=60, itl_median_ms=5, itl_p95_ms=8,
-    latency_p50_ms=80, latency_p95_ms=120, latency_p99_ms=200, dispatch_delay_median_ms=1,
-    dispatch_delay_p95_ms=3, prompt_tokens_mean=500, output_tokens_mean=10,
+    target_rate=10,
+    achieved_rate=9.9,
+    duration_s=30,
+    successful=297,
+    errored=0,
+    incomplete=3,
+    ttft_p50_ms=20,
+    ttft_p95_ms=40,
+    ttft_p99_ms=60,
+    itl_median_ms=5,
+    itl_p95_ms=8,
+    latency_p50_ms=80,
+    latency_p95_ms=120,
+    latency_p99_ms=200,
+    dispatch_delay_median_ms=1,
+    dispatch_delay_p95_ms=3,
+    prompt_tokens_mean=500,
+    output_tokens_mean=10,
     stop_reason="max_duration",
 )
 C = Criteria()
@@ -37,8 +51,9 @@ def test_a_good_rate_passes_and_each_rule_can_fail_it() -> None:
 
 
 def _r(rate: float, ok: bool, probe: bool = False) -> RateResult:
-    m = replace(GOOD, target_rate=rate, achieved_rate=rate, incomplete=0,
-                latency_p95_ms=120 if ok else 900)
+    m = replace(
+        GOOD, target_rate=rate, achieved_rate=rate, incomplete=0, latency_p95_ms=120 if ok else 900
+    )
     return RateResult(workload="video", target_rate=rate, measurement=m, search_probe=probe)
 
 

@@ -22,7 +22,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from gemma4_batched_encoder import latency_metrics as lm
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from vllm.v1.engine import EngineCoreOutput, FinishReason
@@ -33,6 +32,8 @@ from vllm.v1.metrics.stats import (
     LoRARequestStates,
     RequestStateStats,
 )
+
+from gemma4_batched_encoder import latency_metrics as lm
 
 PLUGIN_SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -45,7 +45,7 @@ def load_inputs(paths: list[Path], workload: str = "") -> Loaded:
             out.config = out.config or dict(meta.get("config") or {})
             if meta.get("guidellm_version"):
                 out.guidellm_versions.add(meta["guidellm_version"])
-            for w in (meta.get("workloads") or {}):
+            for w in meta.get("workloads") or {}:
                 if w not in out.workloads and not workload:
                     out.workloads.append(w)
         elif gl.is_guidellm_report(data):
@@ -53,17 +53,21 @@ def load_inputs(paths: list[Path], workload: str = "") -> Loaded:
             out.guidellm_versions.add(rep.guidellm_version)
             for m in rep.measurements:
                 name = workload or m.labels.get("workload") or path.stem
-                out.results.append(RateResult(
-                    workload=name, target_rate=m.target_rate, status=STATUS_OK, measurement=m,
-                    report_path=str(path), guidellm_version=rep.guidellm_version,
-                ))
+                out.results.append(
+                    RateResult(
+                        workload=name,
+                        target_rate=m.target_rate,
+                        status=STATUS_OK,
+                        measurement=m,
+                        report_path=str(path),
+                        guidellm_version=rep.guidellm_version,
+                    )
+                )
             cfg_backend = ((data.get("config") or {}).get("spec") or {}).get("backend") or {}
             out.target = out.target or str(cfg_backend.get("target") or "")
             out.model = out.model or str(cfg_backend.get("model") or "")
         else:
-            raise ValueError(
-                f"{path}: neither a guidellm JSON report nor an slo-loadtest summary"
-            )
+            raise ValueError(f"{path}: neither a guidellm JSON report nor an slo-loadtest summary")
     for r in out.results:
         if r.workload not in out.workloads:
             out.workloads.append(r.workload)

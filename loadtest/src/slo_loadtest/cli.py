@@ -23,8 +23,10 @@ from slo_loadtest.config import Criteria, SweepConfig, env_var, field_default, f
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 # field -> flag (default: --field-name with a trailing _s dropped)
-FLAG_NAMES = {"unique_media": "--unique-media/--reuse-media", "search_beyond":
-              "--search-beyond/--no-search-beyond"}
+FLAG_NAMES = {
+    "unique_media": "--unique-media/--reuse-media",
+    "search_beyond": "--search-beyond/--no-search-beyond",
+}
 
 
 def _flag(name: str) -> str:
@@ -42,6 +44,7 @@ def _bad(fn: Callable[[Any], Any]) -> Callable[[click.Context, click.Parameter, 
             return fn(value)
         except ValueError as exc:
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
     return cb
 
 
@@ -54,6 +57,7 @@ def _non_negative(what: str) -> Callable[[Any], Any]:
         if v < 0 or v != v:
             raise ValueError(f"{what} must be >= 0, got {v:g}")
         return v
+
     return check
 
 
@@ -98,8 +102,9 @@ def _display(v: Any) -> str:
     return str(v)
 
 
-def config_options(names: list[str] | None = None, required_target: bool = True
-                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def config_options(
+    names: list[str] | None = None, required_target: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """click options for SweepConfig fields: defaults and help from config.py, env vars
     SLO_LOADTEST_<FIELD>."""
     all_fields = [f for f in dataclasses.fields(SweepConfig)]
@@ -108,8 +113,11 @@ def config_options(names: list[str] | None = None, required_target: bool = True
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for f in reversed(chosen):
             default = field_default(f.name)
-            kw: dict[str, Any] = {"envvar": env_var(f.name), "show_envvar": True,
-                                  "help": field_help(f.name)}
+            kw: dict[str, Any] = {
+                "envvar": env_var(f.name),
+                "show_envvar": True,
+                "help": field_help(f.name),
+            }
             if f.name in VALIDATORS:
                 kw["callback"] = _bad(VALIDATORS[f.name])
             if isinstance(default, bool):
@@ -119,9 +127,11 @@ def config_options(names: list[str] | None = None, required_target: bool = True
             if isinstance(default, tuple):
                 kw.update(type=str, default=_display(default), show_default=True)
             elif isinstance(default, Path):
-                kw.update(type=click.Path(path_type=Path, file_okay=False),
-                          default=str(default) if str(default) not in ("", ".") else None,
-                          show_default=True)
+                kw.update(
+                    type=click.Path(path_type=Path, file_okay=False),
+                    default=str(default) if str(default) not in ("", ".") else None,
+                    show_default=True,
+                )
             elif isinstance(default, int):
                 kw.update(type=int, default=default, show_default=True)
             elif isinstance(default, float):
@@ -134,6 +144,7 @@ def config_options(names: list[str] | None = None, required_target: bool = True
                 kw["show_default"] = False
             fn = click.option(_flag(f.name), f.name, **kw)(fn)
         return fn
+
     return deco
 
 
@@ -142,16 +153,18 @@ def build_config(values: dict[str, Any]) -> SweepConfig:
     if not values.get("target"):
         # click 8.4 does not enforce `required` on an option with a callback
         raise click.BadParameter(
-            "a target URL is required (or SLO_LOADTEST_TARGET)", param_hint="'--target'")
+            "a target URL is required (or SLO_LOADTEST_TARGET)", param_hint="'--target'"
+        )
     kwargs = {k: v for k, v in values.items() if k in known and v is not None}
     cfg = SweepConfig(**kwargs)
     if cfg.warmup_s >= cfg.duration_s:
         raise click.BadParameter(
             f"the warm-up ({cfg.warmup_s:g} s) must be shorter than the duration "
-            f"({cfg.duration_s:g} s)", param_hint="'--warmup'")
+            f"({cfg.duration_s:g} s)",
+            param_hint="'--warmup'",
+        )
     if cfg.tokenizer and not Path(cfg.tokenizer).is_dir():
-        raise click.BadParameter(f"{cfg.tokenizer} is not a directory",
-                                 param_hint="'--tokenizer'")
+        raise click.BadParameter(f"{cfg.tokenizer} is not a directory", param_hint="'--tokenizer'")
     return cfg
 
 
@@ -177,31 +190,47 @@ def _do_run(values: dict[str, Any], with_plots: bool, print_summary: bool | None
     signal.signal(signal.SIGTERM, _raise_interrupt)
     outcome = Sweep(cfg, log=lambda s: click.echo(s, err=True)).run()
     summary = build_summary(
-        outcome.results, cfg.criteria, workloads=cfg.workloads, target=cfg.target,
-        model=outcome.model, guidellm_version=gl.guidellm_version(),
+        outcome.results,
+        cfg.criteria,
+        workloads=cfg.workloads,
+        target=cfg.target,
+        model=outcome.model,
+        guidellm_version=gl.guidellm_version(),
         config={**config_record(cfg, outcome.seed), "timings": outcome.timings},
-        require_rate=cfg.require_rate or None, aborted=outcome.aborted, source="run",
+        require_rate=cfg.require_rate or None,
+        aborted=outcome.aborted,
+        source="run",
     )
-    return _finish(summary, cfg.out, with_plots, cfg.pushgateway, cfg.push_job, print_summary,
-                   summary_block)
+    return _finish(
+        summary, cfg.out, with_plots, cfg.pushgateway, cfg.push_job, print_summary, summary_block
+    )
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _finish(summary: dict[str, Any], out: Path, with_plots: bool, pushgateway: str,
-            push_job: str, print_summary: bool | None, block: Callable[[Any], str]) -> int:
+def _finish(
+    summary: dict[str, Any],
+    out: Path,
+    with_plots: bool,
+    pushgateway: str,
+    push_job: str,
+    print_summary: bool | None,
+    block: Callable[[Any], str],
+) -> int:
     from slo_loadtest.outputs import write_outputs
 
     paths = write_outputs(summary, out, with_plots=with_plots)
     for name, w in summary["workloads"].items():
         hp = w["highest_passing_rate"]
-        click.echo(f"{name}: highest passing rate "
-                   f"{'none' if hp is None else f'{hp:g} req/s'}", err=True)
+        click.echo(
+            f"{name}: highest passing rate {'none' if hp is None else f'{hp:g} req/s'}", err=True
+        )
     click.echo(f"verdict: {summary['verdict'].upper()}  ({paths['markdown']})", err=True)
     if pushgateway:
         from slo_loadtest.pushgateway import push
+
         try:
             for url in push(pushgateway, summary, job=push_job):
                 click.echo(f"pushed {url}", err=True)
@@ -220,13 +249,18 @@ def exit_code(summary: dict[str, Any]) -> int:
     return EXIT_PASS if summary["verdict"] == "pass" else EXIT_FAIL
 
 
-_plots_opt = click.option("--plots/--no-plots", "with_plots", default=True, show_default=True,
-                          help="Draw the PNG plots.")
+_plots_opt = click.option(
+    "--plots/--no-plots", "with_plots", default=True, show_default=True, help="Draw the PNG plots."
+)
 _print_opt = click.option(
-    "--print-summary/--no-print-summary", "print_summary", default=None,
-    envvar=env_var("print_summary"), show_envvar=True,
+    "--print-summary/--no-print-summary",
+    "print_summary",
+    default=None,
+    envvar=env_var("print_summary"),
+    show_envvar=True,
     help="Print the summary JSON between markers on stdout (default: only inside Kubernetes, "
-         "where `slo-loadtest k8s fetch` reads it from the pod log).")
+    "where `slo-loadtest k8s fetch` reads it from the pod log).",
+)
 
 
 @cli.command()
@@ -256,32 +290,75 @@ def job(with_plots: bool, **values: Any) -> None:
 
 
 @cli.command()
-@click.argument("reports", nargs=-1, required=True,
-                type=click.Path(exists=True, path_type=Path))
-@click.option("--slo-ms", type=float, default=Criteria.slo_ms, show_default=True,
-              envvar=env_var("slo_ms"), callback=_bad(VALIDATORS["slo_ms"]),
-              help=field_help("slo_ms"))
-@click.option("--min-achieved-ratio", type=float, default=Criteria.min_achieved_ratio,
-              show_default=True, callback=_bad(VALIDATORS["min_achieved_ratio"]),
-              help=field_help("min_achieved_ratio"))
-@click.option("--max-error-ratio", type=float, default=Criteria.max_error_ratio,
-              show_default=True, callback=_bad(VALIDATORS["max_error_ratio"]),
-              help=field_help("max_error_ratio"))
-@click.option("--max-dispatch-delay-ms", type=float, default=Criteria.max_dispatch_delay_ms,
-              show_default=True, callback=_bad(VALIDATORS["max_dispatch_delay_ms"]),
-              help=field_help("max_dispatch_delay_ms"))
-@click.option("--require-rate", type=float, default=0.0, show_default=True,
-              callback=_bad(VALIDATORS["require_rate"]), help=field_help("require_rate"))
-@click.option("--workload", default="", help="Name the workload of these reports (default: the "
-              "'workload' label slo-loadtest puts in its reports, else the file name).")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Write summary.json, results.csv, report.md and plots here "
-                   "(default: print the Markdown report only).")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--slo-ms",
+    type=float,
+    default=Criteria.slo_ms,
+    show_default=True,
+    envvar=env_var("slo_ms"),
+    callback=_bad(VALIDATORS["slo_ms"]),
+    help=field_help("slo_ms"),
+)
+@click.option(
+    "--min-achieved-ratio",
+    type=float,
+    default=Criteria.min_achieved_ratio,
+    show_default=True,
+    callback=_bad(VALIDATORS["min_achieved_ratio"]),
+    help=field_help("min_achieved_ratio"),
+)
+@click.option(
+    "--max-error-ratio",
+    type=float,
+    default=Criteria.max_error_ratio,
+    show_default=True,
+    callback=_bad(VALIDATORS["max_error_ratio"]),
+    help=field_help("max_error_ratio"),
+)
+@click.option(
+    "--max-dispatch-delay-ms",
+    type=float,
+    default=Criteria.max_dispatch_delay_ms,
+    show_default=True,
+    callback=_bad(VALIDATORS["max_dispatch_delay_ms"]),
+    help=field_help("max_dispatch_delay_ms"),
+)
+@click.option(
+    "--require-rate",
+    type=float,
+    default=0.0,
+    show_default=True,
+    callback=_bad(VALIDATORS["require_rate"]),
+    help=field_help("require_rate"),
+)
+@click.option(
+    "--workload",
+    default="",
+    help="Name the workload of these reports (default: the "
+    "'workload' label slo-loadtest puts in its reports, else the file name).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Write summary.json, results.csv, report.md and plots here "
+    "(default: print the Markdown report only).",
+)
 @click.option("--pushgateway", default="", help=field_help("pushgateway"))
 @_plots_opt
-def analyze(reports: tuple[Path, ...], slo_ms: float, min_achieved_ratio: float,
-            max_error_ratio: float, max_dispatch_delay_ms: float, require_rate: float,
-            workload: str, out: Path | None, pushgateway: str, with_plots: bool) -> None:
+def analyze(
+    reports: tuple[Path, ...],
+    slo_ms: float,
+    min_achieved_ratio: float,
+    max_error_ratio: float,
+    max_dispatch_delay_ms: float,
+    require_rate: float,
+    workload: str,
+    out: Path | None,
+    pushgateway: str,
+    with_plots: bool,
+) -> None:
     """Re-judge saved guidellm JSON reports, slo-loadtest summaries or run directories."""
     from slo_loadtest.analyze import load_inputs
     from slo_loadtest.report import to_markdown
@@ -291,22 +368,33 @@ def analyze(reports: tuple[Path, ...], slo_ms: float, min_achieved_ratio: float,
         loaded = load_inputs(list(reports), workload)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'REPORTS'") from None
-    criteria = Criteria(slo_ms=slo_ms, min_achieved_ratio=min_achieved_ratio,
-                        max_error_ratio=max_error_ratio,
-                        max_dispatch_delay_ms=max_dispatch_delay_ms)
+    criteria = Criteria(
+        slo_ms=slo_ms,
+        min_achieved_ratio=min_achieved_ratio,
+        max_error_ratio=max_error_ratio,
+        max_dispatch_delay_ms=max_dispatch_delay_ms,
+    )
     summary = build_summary(
-        loaded.results, criteria, workloads=loaded.workloads, target=loaded.target,
-        model=loaded.model, guidellm_version=",".join(sorted(loaded.guidellm_versions)),
-        config=loaded.config, require_rate=require_rate or None, aborted=loaded.aborted,
+        loaded.results,
+        criteria,
+        workloads=loaded.workloads,
+        target=loaded.target,
+        model=loaded.model,
+        guidellm_version=",".join(sorted(loaded.guidellm_versions)),
+        config=loaded.config,
+        require_rate=require_rate or None,
+        aborted=loaded.aborted,
         source="analyze " + " ".join(str(p) for p in reports),
     )
     if out is None:
         click.echo(to_markdown(summary))
         if pushgateway:
             from slo_loadtest.pushgateway import push
+
             push(pushgateway, summary)
         sys.exit(exit_code(summary))
     from slo_loadtest.outputs import summary_block
+
     sys.exit(_finish(summary, out, with_plots, pushgateway, "slo_loadtest", False, summary_block))
 
 

@@ -86,12 +86,8 @@ class SweepConfig:
     search_step: float = _f(0.0, "First step of --search-beyond (req/s); 0: the last rate.")
     search_resolution: float = _f(1.0, "Stop bisecting when the bracket is this narrow (req/s).")
     slo_ms: float = _f(300.0, "SLO on p95 total request latency (ms).")
-    min_achieved_ratio: float = _f(
-        0.95, "A rate passes only if achieved/target >= this."
-    )
-    max_error_ratio: float = _f(
-        0.01, "A rate passes only if errored/all requests < this."
-    )
+    min_achieved_ratio: float = _f(0.95, "A rate passes only if achieved/target >= this.")
+    max_error_ratio: float = _f(0.01, "A rate passes only if errored/all requests < this.")
     max_dispatch_delay_ms: float = _f(
         50.0,
         "Client kept up: p95 of guidellm's request dispatch delay must be <= this (ms).",
@@ -114,9 +110,7 @@ class SweepConfig:
     unique_media: bool = _f(
         True, "Unique text and media per request (no cache hit); off: every row is the same."
     )
-    tokenizer: str = _f(
-        "", "Local tokenizer directory to size prompts exactly (never downloaded)."
-    )
+    tokenizer: str = _f("", "Local tokenizer directory to size prompts exactly (never downloaded).")
     max_workers: int = _ff(
         default_max_workers, "GUIDELLM__MAX_WORKER_PROCESSES for each guidellm run."
     )

@@ -100,7 +100,11 @@ class DatasetWriter:
         if workload == "video":
             media.write_videos(
                 [(self._video_path(k), k) for k in keys],
-                s.video_frames, s.video_width, s.video_height, s.video_fps, self.seed,
+                s.video_frames,
+                s.video_width,
+                s.video_height,
+                s.video_fps,
+                self.seed,
             )
         elif workload == "image":
             jobs = [
@@ -117,17 +121,25 @@ class DatasetWriter:
         text = self._media_text.build(key, unique) if s.media_prompt_tokens > 0 else MEDIA_PROMPT
         if workload == "video":
             p = self._video_path(key)
-            return {"prompt": text, "video": str(p.resolve()),
-                    "output_tokens_count": s.output_tokens}
+            return {
+                "prompt": text,
+                "video": str(p.resolve()),
+                "output_tokens_count": s.output_tokens,
+            }
         if workload == "image":
             paths = [self._image_path(key, i) for i in range(s.images_per_request)]
             if len(paths) == 1:
-                return {"prompt": text, "image": str(paths[0].resolve()),
-                        "output_tokens_count": s.output_tokens}
+                return {
+                    "prompt": text,
+                    "image": str(paths[0].resolve()),
+                    "output_tokens_count": s.output_tokens,
+                }
             # guidellm 0.8.1 rejects a list in the image column ("Unsupported image type") and
             # reads image_N columns as turns, so several images go as a full OpenAI message.
             parts: list[dict[str, object]] = [{"type": "text", "text": text}]
             parts += [{"type": "image_url", "image_url": {"url": _data_url(p)}} for p in paths]
-            return {"messages": [{"role": "user", "content": parts}],
-                    "output_tokens_count": s.output_tokens}
+            return {
+                "messages": [{"role": "user", "content": parts}],
+                "output_tokens_count": s.output_tokens,
+            }
         raise ValueError(f"unknown workload {workload!r}")

@@ -133,8 +133,12 @@ def run_step(spec: StepSpec, timeout_s: float) -> StepOutcome:
     spec.report_path.unlink(missing_ok=True)
     spec.scenario_path.write_text(json.dumps(build_scenario(spec), indent=2))
     cmd = [
-        sys.executable, "-m", "guidellm", "run",
-        "--scenario", str(spec.scenario_path.resolve()),
+        sys.executable,
+        "-m",
+        "guidellm",
+        "run",
+        "--scenario",
+        str(spec.scenario_path.resolve()),
         "--disable-console-interactive",
     ]
     t0 = time.monotonic()
@@ -164,8 +168,14 @@ def run_step(spec: StepSpec, timeout_s: float) -> StepOutcome:
         return StepOutcome("timeout", None, wall, report, spec.log_path, msg)
     if rc != 0 or report is None:
         why = f"exit code {rc}" if rc != 0 else "no report written"
-        return StepOutcome("error", rc, wall, report, spec.log_path, f"guidellm failed ({why}): "
-                           + last_error_line(spec.log_path))
+        return StepOutcome(
+            "error",
+            rc,
+            wall,
+            report,
+            spec.log_path,
+            f"guidellm failed ({why}): " + last_error_line(spec.log_path),
+        )
     return StepOutcome("ok", rc, wall, report, spec.log_path)
 
 
@@ -282,9 +292,7 @@ def parse_report(data: Mapping[str, Any], source: str = "") -> Report:
     if not is_guidellm_report(data):
         raise ValueError(f"{source or 'input'} is not a guidellm JSON report (no 'benchmarks')")
     version = str(
-        _get(data, "metadata", "guidellm_version")
-        or _get(data, "metadata", "version")
-        or "unknown"
+        _get(data, "metadata", "guidellm_version") or _get(data, "metadata", "version") or "unknown"
     )
     labels = _get(data, "config", "metadata", "labels") or {}
     out = [_measurement(b, dict(labels)) for b in data["benchmarks"]]
@@ -298,8 +306,11 @@ def _achieved_rate(b: Mapping[str, Any], successful: int) -> float | None:
     makes a short run look slower than it was; both are kept in the summary."""
     sm = b.get("scheduler_metrics") or {}
     start = max(
-        (v for v in (_num(sm.get("measure_start_time")), _num(sm.get("request_start_time")))
-         if v is not None),
+        (
+            v
+            for v in (_num(sm.get("measure_start_time")), _num(sm.get("request_start_time")))
+            if v is not None
+        ),
         default=None,
     )
     end = _num(sm.get("measure_end_time"))

@@ -106,33 +106,47 @@ def loadtest_job(o: JobOptions) -> dict[str, Any]:
             continue
         env.append({"name": f"SLO_LOADTEST_{key.upper()}", "value": str(val)})
     if o.api_key_secret:
-        env.append({"name": "SLO_LOADTEST_API_KEY", "valueFrom": {
-            "secretKeyRef": {"name": o.api_key_secret, "key": o.api_key_key}}})
+        env.append(
+            {
+                "name": "SLO_LOADTEST_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": o.api_key_secret, "key": o.api_key_key}},
+            }
+        )
     results_volume: dict[str, Any] = (
         {"name": "results", "persistentVolumeClaim": {"claimName": o.results_claim}}
-        if o.results_claim else {"name": "results", "emptyDir": {}}
+        if o.results_claim
+        else {"name": "results", "emptyDir": {}}
     )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [{
-            "name": CONTAINER,
-            "image": o.image,
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["/bin/sh", "-c", JOB_SCRIPT, "slo-loadtest-job"],
-            "args": [str(a) for a in o.args],
-            "env": env,
-            "securityContext": {
-                "runAsNonRoot": True, "allowPrivilegeEscalation": False,
-                "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
-            },
-            "volumeMounts": [{"name": "results", "mountPath": "/results"},
-                             {"name": "tmp", "mountPath": "/tmp"}],
-        }],
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": o.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", JOB_SCRIPT, "slo-loadtest-job"],
+                "args": [str(a) for a in o.args],
+                "env": env,
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [
+                    {"name": "results", "mountPath": "/results"},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                ],
+            }
+        ],
         "volumes": [results_volume, {"name": "tmp", "emptyDir": {}}],
     }
     if o.service_account:
@@ -141,8 +155,11 @@ def loadtest_job(o: JobOptions) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": o.name or job_name(o.release), "namespace": o.namespace,
-                     "labels": lab},
+        "metadata": {
+            "name": o.name or job_name(o.release),
+            "namespace": o.namespace,
+            "labels": lab,
+        },
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": o.active_deadline_s,
@@ -187,8 +204,9 @@ class LoadTestJobs:
         return str(jobs[-1].metadata.name)
 
     def pod(self, name: str) -> Any | None:
-        pods = self.core.list_namespaced_pod(self.namespace,
-                                             label_selector=f"job-name={name}").items
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"job-name={name}"
+        ).items
         if not pods:
             return None
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
@@ -216,16 +234,22 @@ class LoadTestJobs:
         for cond in (st.conditions or []) if st else []:
             if cond.status == "True" and cond.type in ("Complete", "Failed"):
                 phase = "succeeded" if cond.type == "Complete" else "failed"
-                return JobStatus(name, phase, pod_name, pod_phase, exit_code,
-                                 cond.message or cond.reason or "")
+                return JobStatus(
+                    name, phase, pod_name, pod_phase, exit_code, cond.message or cond.reason or ""
+                )
         if ready:
             return JobStatus(name, "results-ready", pod_name, pod_phase, exit_code)
         if st and (st.active or 0) > 0 and pod_phase == "Running":
             return JobStatus(name, "running", pod_name, pod_phase)
         return JobStatus(name, "pending", pod_name, pod_phase)
 
-    def wait(self, name: str, timeout_s: float, poll_s: float = 5.0,
-             on_change: Callable[[JobStatus], None] | None = None) -> JobStatus:
+    def wait(
+        self,
+        name: str,
+        timeout_s: float,
+        poll_s: float = 5.0,
+        on_change: Callable[[JobStatus], None] | None = None,
+    ) -> JobStatus:
         deadline = time.monotonic() + timeout_s
         last = ""
         while True:
@@ -248,11 +272,16 @@ class LoadTestJobs:
             if phase in ("Running", "Succeeded", "Failed"):
                 break
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"the pod of Job {name} did not start within {wait_s:.0f} s "
-                                   f"(phase {phase or 'none'})")
+                raise TimeoutError(
+                    f"the pod of Job {name} did not start within {wait_s:.0f} s "
+                    f"(phase {phase or 'none'})"
+                )
             time.sleep(poll_s)
         resp = self.core.read_namespaced_pod_log(
-            pod.metadata.name, self.namespace, container=CONTAINER, follow=True,
+            pod.metadata.name,
+            self.namespace,
+            container=CONTAINER,
+            follow=True,
             _preload_content=False,
         )
         try:
@@ -277,8 +306,12 @@ def parse_ready(log_text: str) -> tuple[bool, int | None]:
     return True, code
 
 
-def api_client(kubeconfig: str | None = None, context: str | None = None,
-               server: str | None = None, token: str | None = None) -> client.ApiClient:
+def api_client(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    server: str | None = None,
+    token: str | None = None,
+) -> client.ApiClient:
     """An ApiClient from an explicit API server URL (e.g. `kubectl proxy`), the in-cluster
     service account, or a kubeconfig (in that order of preference)."""
     from kubernetes import config as kconfig

@@ -12,16 +12,31 @@ import click
 from slo_loadtest.config import env_var
 
 _conn = [
-    click.option("--namespace", "-n", default="default", show_default=True,
-                 envvar=env_var("k8s_namespace"), show_envvar=True),
-    click.option("--kubeconfig", default=None, envvar="KUBECONFIG",
-                 help="Kubeconfig file (default: ~/.kube/config, else in-cluster)."),
+    click.option(
+        "--namespace",
+        "-n",
+        default="default",
+        show_default=True,
+        envvar=env_var("k8s_namespace"),
+        show_envvar=True,
+    ),
+    click.option(
+        "--kubeconfig",
+        default=None,
+        envvar="KUBECONFIG",
+        help="Kubeconfig file (default: ~/.kube/config, else in-cluster).",
+    ),
     click.option("--context", default=None, help="Kubeconfig context."),
-    click.option("--api-server", default=None, envvar=env_var("k8s_api_server"),
-                 help="API server URL to talk to directly, e.g. http://127.0.0.1:8001 from "
-                      "`kubectl proxy` (overrides the kubeconfig)."),
-    click.option("--token", default=None, envvar=env_var("k8s_token"),
-                 help="Bearer token for --api-server."),
+    click.option(
+        "--api-server",
+        default=None,
+        envvar=env_var("k8s_api_server"),
+        help="API server URL to talk to directly, e.g. http://127.0.0.1:8001 from "
+        "`kubectl proxy` (overrides the kubeconfig).",
+    ),
+    click.option(
+        "--token", default=None, envvar=env_var("k8s_token"), help="Bearer token for --api-server."
+    ),
 ]
 
 
@@ -31,8 +46,13 @@ def conn(fn: Any) -> Any:
     return fn
 
 
-def _jobs(namespace: str, kubeconfig: str | None, context: str | None, api_server: str | None,
-          token: str | None) -> Any:
+def _jobs(
+    namespace: str,
+    kubeconfig: str | None,
+    context: str | None,
+    api_server: str | None,
+    token: str | None,
+) -> Any:
     from slo_loadtest.k8s import LoadTestJobs, api_client
 
     return LoadTestJobs(api_client(kubeconfig, context, api_server, token), namespace)
@@ -66,29 +86,68 @@ def k8s() -> None:
 @conn
 @click.option("--release", required=True, help="Helm release of the gemma4-serving chart.")
 @click.option("--image", required=True, help="Load-test image (images/Dockerfile.loadtest).")
-@click.option("--target", default="", help="Server URL (default: the chart's Service, "
-              "http://<release>-gemma4-serving.<namespace>.svc:8000).")
-@click.option("--set", "settings", multiple=True, callback=_kv, metavar="KEY=VALUE",
-              help="Sweep setting, becomes SLO_LOADTEST_<KEY> (e.g. --set rates=1..20 "
-                   "--set duration_s=30). Repeatable.")
-@click.option("--arg", "args", multiple=True, help="Extra argument after `run --target ... "
-              "--out /results`. Repeatable.")
+@click.option(
+    "--target",
+    default="",
+    help="Server URL (default: the chart's Service, "
+    "http://<release>-gemma4-serving.<namespace>.svc:8000).",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    callback=_kv,
+    metavar="KEY=VALUE",
+    help="Sweep setting, becomes SLO_LOADTEST_<KEY> (e.g. --set rates=1..20 "
+    "--set duration_s=30). Repeatable.",
+)
+@click.option(
+    "--arg",
+    "args",
+    multiple=True,
+    help="Extra argument after `run --target ... --out /results`. Repeatable.",
+)
 @click.option("--active-deadline", type=click.IntRange(min=60), default=3600, show_default=True)
-@click.option("--keep-results", type=click.IntRange(min=0), default=900, show_default=True,
-              help="Seconds the pod stays up after the sweep so /results can be copied.")
+@click.option(
+    "--keep-results",
+    type=click.IntRange(min=0),
+    default=900,
+    show_default=True,
+    help="Seconds the pod stays up after the sweep so /results can be copied.",
+)
 @click.option("--results-claim", default="", help="PVC for /results (default: an emptyDir).")
 @click.option("--api-key-secret", default="", help="Secret holding the server's API key.")
 @click.option("--wait/--no-wait", default=False, help="Wait for the results, then fetch them.")
-@click.option("--timeout", type=float, default=3600.0, show_default=True,
-              help="How long --wait waits (s).")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="With --wait: fetch into this directory.")
+@click.option(
+    "--timeout", type=float, default=3600.0, show_default=True, help="How long --wait waits (s)."
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="With --wait: fetch into this directory.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the Job manifest (JSON) and exit.")
-def start(namespace: str, kubeconfig: str | None, context: str | None, api_server: str | None,
-          token: str | None, release: str, image: str, target: str, settings: dict[str, str],
-          args: tuple[str, ...], active_deadline: int, keep_results: int, results_claim: str,
-          api_key_secret: str, wait: bool, timeout: float, out: Path | None,
-          dry_run: bool) -> None:
+def start(
+    namespace: str,
+    kubeconfig: str | None,
+    context: str | None,
+    api_server: str | None,
+    token: str | None,
+    release: str,
+    image: str,
+    target: str,
+    settings: dict[str, str],
+    args: tuple[str, ...],
+    active_deadline: int,
+    keep_results: int,
+    results_claim: str,
+    api_key_secret: str,
+    wait: bool,
+    timeout: float,
+    out: Path | None,
+    dry_run: bool,
+) -> None:
     """Create the load-test Job."""
     from slo_loadtest.k8s import JobOptions, loadtest_job
     from slo_loadtest.validation import check_target
@@ -98,11 +157,20 @@ def start(namespace: str, kubeconfig: str | None, context: str | None, api_serve
             target = check_target(target)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
-    manifest = loadtest_job(JobOptions(
-        release=release, namespace=namespace, image=image, target=target, settings=settings,
-        args=args, active_deadline_s=active_deadline, keep_results_s=keep_results,
-        results_claim=results_claim, api_key_secret=api_key_secret,
-    ))
+    manifest = loadtest_job(
+        JobOptions(
+            release=release,
+            namespace=namespace,
+            image=image,
+            target=target,
+            settings=settings,
+            args=args,
+            active_deadline_s=active_deadline,
+            keep_results_s=keep_results,
+            results_claim=results_claim,
+            api_key_secret=api_key_secret,
+        )
+    )
     if dry_run:
         click.echo(json.dumps(manifest, indent=2))
         return
@@ -114,8 +182,7 @@ def start(namespace: str, kubeconfig: str | None, context: str | None, api_serve
 
 
 def _wait_and_fetch(jobs: Any, name: str, timeout: float, out: Path) -> int:
-    s = jobs.wait(name, timeout, on_change=lambda s: click.echo(f"job/{name}: {s.phase}",
-                                                                err=True))
+    s = jobs.wait(name, timeout, on_change=lambda s: click.echo(f"job/{name}: {s.phase}", err=True))
     if s.phase not in ("results-ready", "succeeded", "failed"):
         click.echo(f"job/{name}: still {s.phase} after {timeout:.0f} s", err=True)
         return 3
@@ -126,15 +193,31 @@ def _wait_and_fetch(jobs: Any, name: str, timeout: float, out: Path) -> int:
 @conn
 @click.option("--job", default=None, help="Job name (default: the newest load-test Job).")
 @click.option("--release", default="", help="Only Jobs of this release (with no --job).")
-def status(namespace: str, kubeconfig: str | None, context: str | None, api_server: str | None,
-           token: str | None, job: str | None, release: str) -> None:
+def status(
+    namespace: str,
+    kubeconfig: str | None,
+    context: str | None,
+    api_server: str | None,
+    token: str | None,
+    job: str | None,
+    release: str,
+) -> None:
     """Show a load-test Job's state: pending, running, results-ready, succeeded, failed."""
     jobs = _jobs(namespace, kubeconfig, context, api_server, token)
     name = _name(jobs, job, release)
     s = jobs.status(name)
-    click.echo(json.dumps({"job": s.name, "phase": s.phase, "pod": s.pod,
-                           "pod_phase": s.pod_phase, "exit_code": s.exit_code,
-                           "message": s.message}))
+    click.echo(
+        json.dumps(
+            {
+                "job": s.name,
+                "phase": s.phase,
+                "pod": s.pod,
+                "pod_phase": s.pod_phase,
+                "exit_code": s.exit_code,
+                "message": s.message,
+            }
+        )
+    )
     if s.phase == "missing":
         sys.exit(1)
 
@@ -143,10 +226,23 @@ def status(namespace: str, kubeconfig: str | None, context: str | None, api_serv
 @conn
 @click.option("--job", default=None, help="Job name (default: the newest load-test Job).")
 @click.option("--release", default="")
-@click.option("--wait-pod", type=float, default=300.0, show_default=True,
-              help="How long to wait for the pod to start (s).")
-def logs(namespace: str, kubeconfig: str | None, context: str | None, api_server: str | None,
-         token: str | None, job: str | None, release: str, wait_pod: float) -> None:
+@click.option(
+    "--wait-pod",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="How long to wait for the pod to start (s).",
+)
+def logs(
+    namespace: str,
+    kubeconfig: str | None,
+    context: str | None,
+    api_server: str | None,
+    token: str | None,
+    job: str | None,
+    release: str,
+    wait_pod: float,
+) -> None:
     """Stream the Job pod's log until it ends."""
     jobs = _jobs(namespace, kubeconfig, context, api_server, token)
     name = _name(jobs, job, release)
@@ -161,14 +257,30 @@ def logs(namespace: str, kubeconfig: str | None, context: str | None, api_server
 @conn
 @click.option("--job", default=None, help="Job name (default: the newest load-test Job).")
 @click.option("--release", default="")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Directory for summary.json, results.csv, report.md, plots "
-                   "(default: results-<job>).")
-@click.option("--wait", "wait_s", type=float, default=0.0,
-              help="Wait up to this many seconds for the results first.")
-def fetch(namespace: str, kubeconfig: str | None, context: str | None, api_server: str | None,
-          token: str | None, job: str | None, release: str, out: Path | None,
-          wait_s: float) -> None:
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Directory for summary.json, results.csv, report.md, plots (default: results-<job>).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=0.0,
+    help="Wait up to this many seconds for the results first.",
+)
+def fetch(
+    namespace: str,
+    kubeconfig: str | None,
+    context: str | None,
+    api_server: str | None,
+    token: str | None,
+    job: str | None,
+    release: str,
+    out: Path | None,
+    wait_s: float,
+) -> None:
     """Fetch the Job's report: the summary from the pod log, redrawn into --out."""
     jobs = _jobs(namespace, kubeconfig, context, api_server, token)
     name = _name(jobs, job, release)
@@ -189,9 +301,9 @@ def _fetch(jobs: Any, name: str, out: Path) -> int:
     if summary is None:
         raise click.ClickException(
             f"no summary in the log of pod {pod.metadata.name} yet (the sweep is still running, "
-            "or it was started without --print-summary outside Kubernetes)")
+            "or it was started without --print-summary outside Kubernetes)"
+        )
     summary["source"] = f"k8s job/{name} pod/{pod.metadata.name}"
     paths = write_outputs(summary, out)
-    click.echo(f"fetched job/{name}: verdict {summary['verdict'].upper()} -> "
-               f"{paths['markdown']}")
+    click.echo(f"fetched job/{name}: verdict {summary['verdict'].upper()} -> {paths['markdown']}")
     return exit_code(summary)

@@ -37,8 +37,13 @@ def _frame(key: int, t: int, width: int, height: int, seed: int) -> np.ndarray:
         cv2.circle(img, (x0, y0), r, color, thickness=-1)
     scale = max(0.3, height / 240)
     cv2.putText(
-        img, f"{key}/{t}", (4, max(12, height // 3)), cv2.FONT_HERSHEY_SIMPLEX, scale,
-        (255, 255, 255), max(1, int(scale * 2)),
+        img,
+        f"{key}/{t}",
+        (4, max(12, height // 3)),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        scale,
+        (255, 255, 255),
+        max(1, int(scale * 2)),
     )
     return img
 

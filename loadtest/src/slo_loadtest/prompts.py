@@ -106,9 +106,7 @@ def _local_tokenizer(path: Path) -> tuple[Callable[[str], int], tuple[str, ...]]
     english = [w for w in WORDS[:60] if one_token(w)]
     if len(english) >= 50:
         return count, WORDS
-    plain = sorted(
-        {w.lstrip("▁Ġ") for w in tok.get_vocab() if w.lstrip("▁Ġ").isalnum()}
-    )
+    plain = sorted({w.lstrip("▁Ġ") for w in tok.get_vocab() if w.lstrip("▁Ġ").isalnum()})
     vocab = tuple(w for w in plain[:4000] if one_token(w))
     if len(vocab) < 20:
         raise ValueError(f"tokenizer {path} has too few plain one-token words to build prompts")

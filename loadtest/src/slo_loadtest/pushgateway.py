@@ -75,16 +75,23 @@ def exposition(summary: Mapping[str, Any], workload: str, now: float | None = No
     gauge("slo_loadtest_slo_pass", "verdict of the last sweep: 1 pass, 0 fail")
     lines.append(_line("slo_loadtest_slo_pass", {}, 1.0 if passed else 0.0))
     gauge("slo_loadtest_max_rate_within_slo", "highest passing request rate (req/s)")
-    lines.append(_line("slo_loadtest_max_rate_within_slo", {},
-                       float(w.get("highest_passing_rate") or 0.0)))
+    lines.append(
+        _line("slo_loadtest_max_rate_within_slo", {}, float(w.get("highest_passing_rate") or 0.0))
+    )
     gauge("slo_loadtest_last_run_timestamp_seconds", "unix time of the sweep's end")
-    lines.append(_line("slo_loadtest_last_run_timestamp_seconds", {},
-                       float(now if now is not None else time.time())))
+    lines.append(
+        _line(
+            "slo_loadtest_last_run_timestamp_seconds",
+            {},
+            float(now if now is not None else time.time()),
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
-def push(url: str, summary: Mapping[str, Any], job: str = "slo_loadtest",
-         timeout_s: float = 10.0) -> list[str]:
+def push(
+    url: str, summary: Mapping[str, Any], job: str = "slo_loadtest", timeout_s: float = 10.0
+) -> list[str]:
     """PUT one group per workload; returns the URLs pushed to. Raises RuntimeError on failure."""
     base = url.rstrip("/")
     if "://" not in base:
@@ -92,11 +99,15 @@ def push(url: str, summary: Mapping[str, Any], job: str = "slo_loadtest",
     pushed = []
     now = time.time()
     for workload in summary["workloads"]:
-        path = (f"/metrics/job/{urllib.parse.quote(job, safe='')}"
-                f"/workload/{urllib.parse.quote(workload, safe='')}")
+        path = (
+            f"/metrics/job/{urllib.parse.quote(job, safe='')}"
+            f"/workload/{urllib.parse.quote(workload, safe='')}"
+        )
         body = exposition(summary, workload, now).encode()
         req = urllib.request.Request(
-            base + path, data=body, method="PUT",
+            base + path,
+            data=body,
+            method="PUT",
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
         try:

@@ -60,8 +60,10 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     out: list[str] = []
     out.append("# SLO load test")
     out.append("")
-    out.append(f"- verdict: **{summary['verdict'].upper()}**"
-               + ("" if summary["complete"] else " (partial: the sweep did not finish)"))
+    out.append(
+        f"- verdict: **{summary['verdict'].upper()}**"
+        + ("" if summary["complete"] else " (partial: the sweep did not finish)")
+    )
     target, model = summary.get("target") or "–", summary.get("model") or "–"
     out.append(f"- target: `{target}`, model: `{model}`")
     out.append(
@@ -77,8 +79,9 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     )
     if summary.get("failed_step"):
         f = summary["failed_step"]
-        out.append(f"- **failed at {f['workload']} {f['rate']:g} req/s** ({f['status']}): "
-                   f"{f['message']}")
+        out.append(
+            f"- **failed at {f['workload']} {f['rate']:g} req/s** ({f['status']}): {f['message']}"
+        )
     if summary.get("aborted"):
         out.append(f"- sweep aborted: {summary['aborted'].get('reason', '')}")
     out.append("")

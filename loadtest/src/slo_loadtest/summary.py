@@ -94,7 +94,9 @@ def build_summary(
         "config": dict(config or {}),
         "complete": complete,
         "verdict": verdict,
-        "failed_step": None if failing is None else {
+        "failed_step": None
+        if failing is None
+        else {
             "workload": failing.workload,
             "rate": failing.target_rate,
             "status": failing.status,

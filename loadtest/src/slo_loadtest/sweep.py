@@ -39,8 +39,9 @@ def rate_tag(rate: float) -> str:
 
 
 def _request(url: str, api_key: str, timeout_s: float) -> Any:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key
-                                 else {})
+    req = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
+    )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -97,8 +98,10 @@ class Sweep:
 
     def run(self) -> SweepOutcome:
         cfg = self.cfg
-        self.log(f"slo-loadtest: target {cfg.target}, workloads {','.join(cfg.workloads)}, "
-                 f"rates {','.join(f'{r:g}' for r in cfg.rates)}, {cfg.duration_s:g} s each")
+        self.log(
+            f"slo-loadtest: target {cfg.target}, workloads {','.join(cfg.workloads)}, "
+            f"rates {','.join(f'{r:g}' for r in cfg.rates)}, {cfg.duration_s:g} s each"
+        )
         try:
             if not self.model:
                 self.model = resolve_model(cfg.target, cfg.api_key)
@@ -110,8 +113,9 @@ class Sweep:
 
         try:
             try:
-                self._writer = DatasetWriter(cfg.effective_data_dir, cfg.shape, self.seed,
-                                             cfg.tokenizer or None)
+                self._writer = DatasetWriter(
+                    cfg.effective_data_dir, cfg.shape, self.seed, cfg.tokenizer or None
+                )
                 datasets = self._prepare(cfg.rates)
             except (OSError, RuntimeError, ValueError) as exc:
                 return self._abort_before_start(f"dataset generation failed: {exc}")
@@ -124,8 +128,13 @@ class Sweep:
             workload, rate = self._current
             self._mark_not_run(workload)
             where = f"during {workload} {rate:g} req/s" if workload else "before the first rate"
-            return self._outcome({"workload": workload, "rate": rate if workload else None,
-                                  "reason": f"interrupted {where}"})
+            return self._outcome(
+                {
+                    "workload": workload,
+                    "rate": rate if workload else None,
+                    "reason": f"interrupted {where}",
+                }
+            )
         return self._outcome(None)
 
     # -- steps -----------------------------------------------------------------------------
@@ -138,22 +147,28 @@ class Sweep:
         for workload in self.cfg.workloads:
             for rate in rates:
                 out[(workload, rate)] = self._writer.write(
-                    workload, rate, self.cfg.duration_s, rate_tag(rate))
+                    workload, rate, self.cfg.duration_s, rate_tag(rate)
+                )
         dt = time.monotonic() - t0
         self.timings["media_s"] += dt
         rows = sum(d.rows for d in out.values())
-        self.log(f"datasets: {rows} rows for {len(out)} steps written in {dt:.1f} s "
-                 f"({self.cfg.effective_data_dir})")
+        self.log(
+            f"datasets: {rows} rows for {len(out)} steps written in {dt:.1f} s "
+            f"({self.cfg.effective_data_dir})"
+        )
         return out
 
-    def _sweep_workload(self, workload: str, datasets: dict[tuple[str, float], Dataset]
-                        ) -> dict[str, Any] | None:
+    def _sweep_workload(
+        self, workload: str, datasets: dict[tuple[str, float], Dataset]
+    ) -> dict[str, Any] | None:
         for rate in self.cfg.rates:
             r = self._step(workload, rate, datasets[(workload, rate)])
             if r.status != STATUS_OK and not server_healthy(self.cfg.target, self.cfg.api_key):
-                return {"workload": workload, "rate": rate,
-                        "reason": f"server stopped answering at {workload} {rate:g} req/s: "
-                                  f"{r.message}"}
+                return {
+                    "workload": workload,
+                    "rate": rate,
+                    "reason": f"server stopped answering at {workload} {rate:g} req/s: {r.message}",
+                }
         if self.cfg.search_beyond:
             return self._search(workload)
         return None
@@ -162,20 +177,35 @@ class Sweep:
         cfg = self.cfg
         self._current = (workload, rate)
         spec = gl.StepSpec(
-            target=cfg.target, model=self.model, rate=rate, duration_s=cfg.duration_s,
-            warmup_s=cfg.warmup_s, data_path=ds.path,
+            target=cfg.target,
+            model=self.model,
+            rate=rate,
+            duration_s=cfg.duration_s,
+            warmup_s=cfg.warmup_s,
+            data_path=ds.path,
             step_dir=cfg.out / "steps" / f"{workload}-{rate_tag(rate)}",
-            request_timeout_s=cfg.request_timeout_s, max_workers=cfg.max_workers,
-            api_key=cfg.api_key, tokenizer=cfg.tokenizer, sample_size=cfg.report_samples,
+            request_timeout_s=cfg.request_timeout_s,
+            max_workers=cfg.max_workers,
+            api_key=cfg.api_key,
+            tokenizer=cfg.tokenizer,
+            sample_size=cfg.report_samples,
             labels={"workload": workload, "rate": f"{rate:g}", "tool": "slo-loadtest"},
         )
-        self.log(f"[{workload} {rate:g} req/s] guidellm run ({ds.rows} rows, bound "
-                 f"{cfg.effective_step_timeout_s:.0f} s)")
+        self.log(
+            f"[{workload} {rate:g} req/s] guidellm run ({ds.rows} rows, bound "
+            f"{cfg.effective_step_timeout_s:.0f} s)"
+        )
         outcome = gl.run_step(spec, cfg.effective_step_timeout_s)
         self.timings["guidellm_s"] += outcome.wall_s
-        r = RateResult(workload=workload, target_rate=rate, status=outcome.status,
-                       message=outcome.message, wall_s=round(outcome.wall_s, 2),
-                       guidellm_version=gl.guidellm_version(), search_probe=probe)
+        r = RateResult(
+            workload=workload,
+            target_rate=rate,
+            status=outcome.status,
+            message=outcome.message,
+            wall_s=round(outcome.wall_s, 2),
+            guidellm_version=gl.guidellm_version(),
+            search_probe=probe,
+        )
         if outcome.report_path is not None:
             r.report_path = str(outcome.report_path)
             try:
@@ -199,13 +229,17 @@ class Sweep:
         head = f"[{r.workload} {r.target_rate:g} req/s]"
         if r.status != STATUS_OK or m is None:
             return f"{head} {r.status.upper()}: {r.message}"
+
         def f(v: float | None) -> str:
             return "-" if v is None else f"{v:.0f}"
-        return (f"{head} {'PASS' if r.passed else 'FAIL'} achieved "
-                f"{(m.achieved_rate or 0):.2f} req/s, TTFT p95 {f(m.ttft_p95_ms)} ms, "
-                f"total p95 {f(m.latency_p95_ms)} ms, ok/err/inc {m.successful}/{m.errored}/"
-                f"{m.incomplete}, dispatch p95 {f(m.dispatch_delay_p95_ms)} ms"
-                + ("" if r.passed else f" ({'; '.join(r.reasons)})"))
+
+        return (
+            f"{head} {'PASS' if r.passed else 'FAIL'} achieved "
+            f"{(m.achieved_rate or 0):.2f} req/s, TTFT p95 {f(m.ttft_p95_ms)} ms, "
+            f"total p95 {f(m.latency_p95_ms)} ms, ok/err/inc {m.successful}/{m.errored}/"
+            f"{m.incomplete}, dispatch p95 {f(m.dispatch_delay_p95_ms)} ms"
+            + ("" if r.passed else f" ({'; '.join(r.reasons)})")
+        )
 
     # -- search past the last rate -----------------------------------------------------------
 
@@ -222,7 +256,7 @@ class Sweep:
             last = max(cfg.rates)
             step0 = cfg.search_step if cfg.search_step > 0 else last
             n_beyond = len([p for p in passed if p > last])
-            nxt = lo + step0 * (2 ** n_beyond)
+            nxt = lo + step0 * (2**n_beyond)
             nxt = min(nxt, cfg.search_max_rate)
             return None if nxt <= lo else _round_rate(nxt)
         if hi - lo <= cfg.search_resolution:
@@ -248,9 +282,12 @@ class Sweep:
             r = self._step(workload, rate, ds, probe=True)
             (passed if r.passed else failed).append(rate)
             if r.status != STATUS_OK and not server_healthy(self.cfg.target, self.cfg.api_key):
-                return {"workload": workload, "rate": rate,
-                        "reason": f"server stopped answering at {workload} {rate:g} req/s "
-                                  f"(search): {r.message}"}
+                return {
+                    "workload": workload,
+                    "rate": rate,
+                    "reason": f"server stopped answering at {workload} {rate:g} req/s "
+                    f"(search): {r.message}",
+                }
         self.log(f"[{workload}] search beyond: highest passing {max(passed):g} req/s")
         return None
 
@@ -261,22 +298,33 @@ class Sweep:
         for w in self.cfg.workloads:
             for rate in self.cfg.rates:
                 if (w, rate) not in done:
-                    self.results.append(RateResult(workload=w, target_rate=rate,
-                                                   status=STATUS_NOT_RUN, message="not run"))
+                    self.results.append(
+                        RateResult(
+                            workload=w, target_rate=rate, status=STATUS_NOT_RUN, message="not run"
+                        )
+                    )
 
     def _abort_before_start(self, reason: str) -> SweepOutcome:
         self.log(f"ABORT: {reason}")
         first = self.cfg.workloads[0]
-        self.results.append(RateResult(workload=first, target_rate=self.cfg.rates[0],
-                                       status=STATUS_ERROR, message=reason))
+        self.results.append(
+            RateResult(
+                workload=first, target_rate=self.cfg.rates[0], status=STATUS_ERROR, message=reason
+            )
+        )
         self._mark_not_run(first)
         return self._outcome({"workload": first, "rate": self.cfg.rates[0], "reason": reason})
 
     def _outcome(self, aborted: dict[str, Any] | None) -> SweepOutcome:
         if aborted:
             self.log(f"sweep stopped: {aborted['reason']}")
-        return SweepOutcome(results=self.results, model=self.model, seed=self.seed,
-                            aborted=aborted, timings=self.timings)
+        return SweepOutcome(
+            results=self.results,
+            model=self.model,
+            seed=self.seed,
+            aborted=aborted,
+            timings=self.timings,
+        )
 
 
 def _round_rate(r: float) -> float:

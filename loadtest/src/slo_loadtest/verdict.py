@@ -102,8 +102,9 @@ def judge_result(r: RateResult, c: Criteria) -> RateResult:
 
 def highest_passing_rate(results: list[RateResult]) -> float | None:
     best: float | None = None
-    for r in sorted((r for r in results if r.status != STATUS_NOT_RUN),
-                    key=lambda r: r.target_rate):
+    for r in sorted(
+        (r for r in results if r.status != STATUS_NOT_RUN), key=lambda r: r.target_rate
+    ):
         if not r.passed:
             break
         best = r.target_rate
@@ -111,8 +112,9 @@ def highest_passing_rate(results: list[RateResult]) -> float | None:
 
 
 def first_failing_rate(results: list[RateResult]) -> float | None:
-    for r in sorted((r for r in results if r.status != STATUS_NOT_RUN),
-                    key=lambda r: r.target_rate):
+    for r in sorted(
+        (r for r in results if r.status != STATUS_NOT_RUN), key=lambda r: r.target_rate
+    ):
         if not r.passed:
             return r.target_rate
     return None
