@@ -13,7 +13,6 @@ output is also checked bit for bit against ``serial``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 
 from . import __version__
-from .cli_common import add_common, composition, inputs, int_list, load_tower
+from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
 from .encoder import BatchedVisionEncoder
 from .reference import serial_per_item, upstream_batched
 from .settings import Settings
@@ -150,20 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: CUDA is not available", file=sys.stderr)
-        return 2
-    try:
-        result = run(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(table(result))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-    return 0
+    return 2 if run_and_write(args, run, table) is None else 0
 
 
 if __name__ == "__main__":

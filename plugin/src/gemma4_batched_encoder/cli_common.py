@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,6 +46,32 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs", choices=["on", "off"], default="on", help="plugin CUDA graphs (CUDA only)"
     )
     p.add_argument("--out", help="write the JSON result here too")
+
+
+def run_and_write(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+) -> dict[str, Any] | None:
+    """Run a CLI's measurement, print `render(result)` and write its JSON to --out.
+
+    Returns None after printing the reason when the arguments cannot run here (exit code 2)."""
+    import json
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: CUDA is not available", file=sys.stderr)
+        return None
+    try:
+        result = run(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    print(render(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return result
 
 
 @dataclass

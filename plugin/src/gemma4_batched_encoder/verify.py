@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from . import __version__
-from .cli_common import add_common, composition, inputs, int_list, load_tower
+from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
 from .encoder import BatchedVisionEncoder
 from .pooling import pool_batched, pooling_weights
 from .reference import serial_per_item
@@ -190,19 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure a naive one-GEMM batched pooler against the per-item pooler",
     )
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: CUDA is not available", file=sys.stderr)
+    result = run_and_write(args, run, lambda r: json.dumps(r, indent=2))
+    if result is None:
         return 2
-    try:
-        result = run(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
     if not result["calls"]:
         print("error: nothing to verify (no videos and no images)", file=sys.stderr)
         return 2
