@@ -13,7 +13,6 @@ Ctrl-C at any point stops every process it started.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 import subprocess
@@ -112,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nDone in {time.monotonic() - t0:.0f} s. Report: {report}")
     if report.exists():
         print(report.read_text())
-    if os.environ.get("CI") is None and rc not in (0, 1):
+    # 1 = some rates missed the SLO: a verdict, not a failure of the demo
+    if rc not in (0, 1):
         print(f"load test exited with {rc}", file=sys.stderr)
-    return 0 if rc in (0, 1) else rc  # 1 = some rates missed the SLO: a verdict, not a failure
+        return rc
+    return 0
 
 
 if __name__ == "__main__":

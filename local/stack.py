@@ -296,8 +296,7 @@ def default_model_dir() -> Path:
 
 def ensure_model(path: Path | None = None, vision: str = "tiny", text: str = "tiny") -> Path:
     """Build the model directory if it is missing or stale (keyed on the builder's fingerprint)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import build_model
+    import build_model  # local/ is on sys.path wherever stack is importable
 
     path = path or default_model_dir()
     stamp = path / ".fingerprint"
