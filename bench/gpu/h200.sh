@@ -5,10 +5,12 @@
 #
 #   bench/gpu/h200.sh stage                 copy the carried .whl/**/part-* into /tmp/parts
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
-#   bench/gpu/h200.sh encoder               encoder verify + bench (torch + transformers only)
+#   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
+#   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, dummy weights) in the background
 #   bench/gpu/h200.sh wait PORT...          wait for /health
-#   bench/gpu/h200.sh measure NAME PORT RATES DURATION   TTFT gap + bursts + SLO sweep (text, video)
+#   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
+#                                           SLO sweep (text, video) with a search past the last rate
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=/tmp/site
@@ -38,15 +40,18 @@ install)
   echo "install took $(($(date +%s) - t0)) s"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   ;;
-encoder)
+verify | encoder)
   cd "$REPO"
   for mode in exact fast; do
     python3 -m gemma4_batched_encoder.verify --preset e4b --device cuda --dtype bf16 --mode "$mode" \
       --videos 16 --frames 6 --images 4 >"$OUT/verify-$mode.json" || echo "verify $mode: exit $?"
     python3 -c "import json,sys; d=json.load(open('$OUT/verify-$mode.json')); print('$mode', {k: d[k] for k in ('bit_identical','max_abs_diff') if k in d})"
   done
+  [[ "$cmd" == verify ]] && exit 0
   python3 -m gemma4_batched_encoder.bench --preset e4b --device cuda --dtype bf16 \
     --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
+  python3 bench/media_stages.py --processor-only --model "$MODEL_DIR" --out "$OUT/media-processor-only.json" ||
+    echo "media stages: exit $?"
   ;;
 serve)
   name="${1:?name}" port="${2:?port}"
@@ -57,21 +62,22 @@ serve)
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
     export VLLM_EXTRA_ARGS="--load-format dummy --served-model-name $SERVED --max-model-len 8192 ${EXTRA_ARGS:-}"
     setsid nohup "$REPO/images/entrypoint.sh" >"/tmp/vllm-$name.log" 2>&1 &
+    echo "$! /tmp/vllm-$name.log" >"/tmp/port-$port"
   )
   echo "started $name on :$port"
   ;;
 wait)
-  # Fail fast: a server that crashed (Traceback in its log) is not waited for.
+  # Fail fast: a server whose process has exited is not waited for.
   for port in "$@"; do
     t0=$(date +%s)
-    log=$(grep -l -- "--port $port" /tmp/vllm-*.log | head -n1)
+    read -r pid log <"/tmp/port-$port"
     until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
-      if grep -q Traceback "$log" || (($(date +%s) - t0 > ${WAIT_S:-420})); then
+      if ! kill -0 "$pid" 2>/dev/null || (($(date +%s) - t0 > ${WAIT_S:-420})); then
         echo "server :$port not healthy ($log):"
         grep -B2 -A4 Error "$log" | tail -n 20
         exit 1
       fi
-      sleep 5
+      sleep 3
     done
     echo "server :$port healthy after $(($(date +%s) - t0)) s of waiting"
   done
@@ -79,14 +85,14 @@ wait)
 measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
   cd "$REPO"
+  python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
+    --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
   python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-    --burst 8,16 --out "$OUT/$name-ttft.json"
+    --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads text,video \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
-    --out "/tmp/sweep-$name" --no-print-summary || echo "sweep exit $?"
-  cp "/tmp/sweep-$name/summary.json" "$OUT/$name-summary.json"
-  cp "/tmp/sweep-$name/report.md" "$OUT/$name-report.md"
-  cp /tmp/sweep-"$name"/*.png "$OUT/" 2>/dev/null || true
+    --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
+    --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary || echo "sweep exit $?"
   grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
   curl -s "http://127.0.0.1:$port/metrics" | grep -E "^gemma4_" | head -60 >"$OUT/$name-metrics.txt" || true
   ;;

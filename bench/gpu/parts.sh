@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Cut a wheelhouse into carry-sized parts for the device machine (64 MiB per call):
+#
+#   bench/gpu/parts.sh .wheelhouse/vllm-0.26.0      # -> .whl/p01/part-aa ... .whl/pNN/ + our wheels
+#
+# Each .whl/pNN goes over in its own `bench/gpu/h200.sh stage` call (carry [".whl/pNN"]); the last
+# folder also holds the plugin and slo-loadtest wheels built from this tree, so the install step
+# always gets the code being measured. Wheels the host already has are left out even when an
+# older wheelhouse still holds them (see wheelhouse.sh's EXCLUDE).
+set -euo pipefail
+WHEELHOUSE="${1:?usage: parts.sh WHEELHOUSE_DIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SKIP='^(torch|torchvision|torchaudio|triton|nvidia_|cuda_|transformers|huggingface_hub|tokenizers|safetensors|tokenspeed_|tilelang|z3_solver|vllm_gemma4_batched_encoder|slo_loadtest)-'
+rm -rf "$ROOT/.whl"
+mkdir -p "$ROOT/.whl/split"
+name="$(basename "$WHEELHOUSE")"
+(cd "$(dirname "$WHEELHOUSE")" && find "$name" -name '*.whl' -printf '%f\n' | grep -Ev "$SKIP" |
+  sed "s|^|$name/|" | tar -cf - -T -) | split -b 60M - "$ROOT/.whl/split/part-"
+i=0
+for part in "$ROOT"/.whl/split/part-*; do
+  i=$((i + 1))
+  dir="$ROOT/.whl/$(printf 'p%02d' "$i")"
+  mkdir -p "$dir"
+  mv "$part" "$dir/"
+done
+rmdir "$ROOT/.whl/split"
+python3 -m pip wheel -q --no-deps -w "$dir" "$ROOT/plugin" "$ROOT/loadtest"
+du -sh "$ROOT"/.whl/p* | tr '\n' ' '
+echo

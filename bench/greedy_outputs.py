@@ -1,0 +1,142 @@
+"""Greedy outputs of a running server on a fixed set of text, image and video requests.
+
+    python bench/greedy_outputs.py --target http://127.0.0.1:8001 --model M --out stock.json
+    python bench/greedy_outputs.py --compare stock.json plugin.json
+
+The inputs depend only on --seed, so two servers (stock vLLM, vLLM + plugin) answer the same
+requests; requests are sent one at a time so the batch composition is the same on both. With
+`--compare`, prints which requests differ and exits 1 on any difference. Token ids come from
+the completion's logprobs (top-1 of a greedy decode), so a difference that detokenises to the
+same text is still caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from slo_loadtest.media import write_video
+
+# (kind, width, height): sizes and aspect ratios that give different soft-token layouts
+CASES: list[tuple[str, int, int]] = [
+    ("text", 0, 0),
+    ("image", 640, 480),
+    ("image", 320, 900),
+    ("image", 1280, 720),
+    ("video", 854, 480),
+    ("video", 1280, 720),
+    ("image+video", 640, 480),
+]
+
+
+def _png_url(rng: np.random.Generator, width: int, height: int) -> str:
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _video_url(tmp: Path, key: int, seed: int, width: int, height: int) -> str:
+    path = write_video(
+        tmp / f"g{key}.mp4", key, frames=6, width=width, height=height, fps=2, seed=seed
+    )
+    return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def build_requests(seed: int, model: str, tmp: Path) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for i, (kind, width, height) in enumerate(CASES):
+        content: list[dict] = [{"type": "text", "text": f"case {i}: describe what you see."}]
+        if "image" in kind:
+            url = _png_url(rng, width, height)
+            content.append({"type": "image_url", "image_url": {"url": url}})
+        if "video" in kind:
+            url = _video_url(tmp, i, seed, width, height)
+            content.append({"type": "video_url", "video_url": {"url": url}})
+        if kind == "text":
+            content = [
+                {"type": "text", "text": " ".join(f"w{(seed + j) % 997}" for j in range(480))}
+            ]
+        bodies.append(
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 10,
+                "min_tokens": 10,
+                "ignore_eos": True,
+                "temperature": 0.0,
+                "logprobs": True,
+                "top_logprobs": 1,
+            }
+        )
+    return bodies
+
+
+def collect(target: str, model: str, seed: int) -> list[dict]:
+    url = target.rstrip("/") + "/v1/chat/completions"
+    out = []
+    with tempfile.TemporaryDirectory() as tmp_dir, httpx.Client(timeout=120) as client:
+        for i, body in enumerate(build_requests(seed, model, Path(tmp_dir))):
+            resp = client.post(url, json=body)
+            resp.raise_for_status()
+            choice = resp.json()["choices"][0]
+            tokens = [t["token"] for t in (choice.get("logprobs") or {}).get("content") or []]
+            out.append(
+                {
+                    "case": i,
+                    "kind": CASES[i][0],
+                    "size": CASES[i][1:],
+                    "text": choice["message"]["content"],
+                    "tokens": tokens,
+                }
+            )
+    return out
+
+
+def compare(a_path: Path, b_path: Path) -> int:
+    a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
+    diffs = [
+        (x["case"], x["kind"])
+        for x, y in zip(a["outputs"], b["outputs"], strict=True)
+        if x["tokens"] != y["tokens"]
+    ]
+    n = len(a["outputs"])
+    print(json.dumps({"identical": not diffs, "requests": n, "differing": diffs}))
+    return 1 if diffs else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"))
+    args = parser.parse_args()
+    if args.compare:
+        sys.exit(compare(*args.compare))
+    if not args.target:
+        parser.error("--target is required unless --compare is given")
+    result = {
+        "target": args.target,
+        "seed": args.seed,
+        "outputs": collect(args.target, args.model, args.seed),
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text)
+    print(f"{len(result['outputs'])} greedy outputs from {args.target}")
+
+
+if __name__ == "__main__":
+    main()
