@@ -5,9 +5,10 @@
 
 The inputs depend only on --seed, so two servers (stock vLLM, vLLM + plugin) answer the same
 requests; requests are sent one at a time so the batch composition is the same on both. With
-`--compare`, prints which requests differ and exits 1 on any difference. Token ids come from
-the completion's logprobs (top-1 of a greedy decode), so a difference that detokenises to the
-same text is still caught.
+`--compare`, prints which requests differ and exits 1 on any difference. Each request records
+its greedy tokens and the top-5 logprob values at every step, with special tokens kept in the
+text: a dummy-weights model emits only `<pad>`, so the tokens alone would agree whatever the
+encoder computed, while the logprob values still depend on every input embedding.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def build_requests(seed: int, model: str, tmp: Path) -> list[dict]:
                 "ignore_eos": True,
                 "temperature": 0.0,
                 "logprobs": True,
-                "top_logprobs": 1,
+                "top_logprobs": 5,
+                "skip_special_tokens": False,
             }
         )
     return bodies
@@ -90,7 +92,9 @@ def collect(target: str, model: str, seed: int) -> list[dict]:
             resp = client.post(url, json=body)
             resp.raise_for_status()
             choice = resp.json()["choices"][0]
-            tokens = [t["token"] for t in (choice.get("logprobs") or {}).get("content") or []]
+            steps = (choice.get("logprobs") or {}).get("content") or []
+            tokens = [t["token"] for t in steps]
+            top = [[[c["token"], c["logprob"]] for c in t.get("top_logprobs") or []] for t in steps]
             out.append(
                 {
                     "case": i,
@@ -98,6 +102,7 @@ def collect(target: str, model: str, seed: int) -> list[dict]:
                     "size": CASES[i][1:],
                     "text": choice["message"]["content"],
                     "tokens": tokens,
+                    "top_logprobs": top,
                 }
             )
     return out
@@ -108,7 +113,7 @@ def compare(a_path: Path, b_path: Path) -> int:
     diffs = [
         (x["case"], x["kind"])
         for x, y in zip(a["outputs"], b["outputs"], strict=True)
-        if x["tokens"] != y["tokens"]
+        if x["tokens"] != y["tokens"] or x.get("top_logprobs") != y.get("top_logprobs")
     ]
     n = len(a["outputs"])
     print(json.dumps({"identical": not diffs, "requests": n, "differing": diffs}))

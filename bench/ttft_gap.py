@@ -38,6 +38,8 @@ def _body(model: str, content: object) -> dict:
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
+        # A dummy-weights model emits only special tokens; keep them so content is streamed.
+        "skip_special_tokens": False,
     }
 
 

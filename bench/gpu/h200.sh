@@ -89,12 +89,12 @@ measure)
     --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
   python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
     --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
-  slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads text,video \
+  slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
-    --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
+    --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
     --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary || echo "sweep exit $?"
   grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
-  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^gemma4_" | head -60 >"$OUT/$name-metrics.txt" || true
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^gemma4_" | grep -v _bucket >"$OUT/$name-metrics.txt" || true
   ;;
 *)
   echo "unknown step $cmd" >&2
