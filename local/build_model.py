@@ -1,12 +1,17 @@
-"""Write a random-weight Gemma 4 model directory that vLLM serves with `--load-format dummy`.
+"""Write a random-weight Gemma 4 model directory that vLLM serves without hub access.
 
 The directory has the real Gemma 4 multimodal architecture (`Gemma4ForConditionalGeneration`),
 the real processor (image, video and audio-feature sections), a word-level tokenizer carrying
 every special token the Gemma 4 processor looks up, and a chat template that emits the image and
-video placeholders per content item. No weights are written: vLLM's dummy loader fills them, so
-the model needs no hub access and any size costs nothing on disk.
+video placeholders per content item.
 
-    python local/build_model.py --vision tiny --text tiny --out .cache/models/tiny
+Weights: `--weights random` writes seeded transformers-initialised weights (std 0.02; ~1 MB for
+the tiny presets), so outputs depend on every input and a changed image embedding changes the
+logprobs. `--weights dummy` writes none: vLLM's `--load-format dummy` fills them with
+uniform(-1e-3, 1e-3), which costs nothing at E4B size but makes every logit nearly equal (the
+model emits `<pad>` whatever it is shown), so it is for timing only.
+
+    python local/build_model.py --vision tiny --text tiny --weights random --out .cache/models/tiny
     python local/build_model.py --vision e4b  --text e4b  --out /tmp/gemma4-e4b-dummy
 
 Vision presets come from the plugin (`gemma4_batched_encoder.presets.VISION_PRESETS`) so the
@@ -218,13 +223,40 @@ def processor_config(vision: dict[str, Any]) -> dict:
     }
 
 
-def build(vision_preset: str, text_preset: str, out: Path) -> Path:
+def write_random_weights(out: Path, seed: int) -> None:
+    """model.safetensors with transformers' own initialisation of this config, in bf16."""
+    import tempfile
+
+    import torch
+    from transformers import AutoConfig, Gemma4ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(AutoConfig.from_pretrained(out))
+    # save_pretrained also rewrites config.json; keep ours, take only the weights.
+    with tempfile.TemporaryDirectory() as tmp:
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        for shard in Path(tmp).glob("*.safetensors*"):
+            shard.chmod(0o644)
+            shard.replace(out / shard.name)
+
+
+def has_weights(model_dir: Path) -> bool:
+    return any(model_dir.glob("*.safetensors"))
+
+
+def build(
+    vision_preset: str, text_preset: str, out: Path, weights: str = "dummy", seed: int = 0
+) -> Path:
     vision_presets = _vision_presets()
     if vision_preset not in vision_presets:
         raise SystemExit(f"unknown vision preset {vision_preset!r}: {sorted(vision_presets)}")
     if text_preset not in TEXT_PRESETS:
         raise SystemExit(f"unknown text preset {text_preset!r}: {sorted(TEXT_PRESETS)}")
+    if weights not in ("dummy", "random"):
+        raise SystemExit(f"unknown --weights {weights!r}: dummy | random")
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.safetensors*"):
+        stale.unlink()
     ids = build_tokenizer(out)
     vision = dict(vision_presets[vision_preset])
     files = {
@@ -238,6 +270,8 @@ def build(vision_preset: str, text_preset: str, out: Path) -> Path:
     }
     for name, content in files.items():
         (out / name).write_text(json.dumps(content, indent=2) + "\n")
+    if weights == "random":
+        write_random_weights(out, seed)
     return out
 
 
@@ -253,8 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vision", default="tiny", help="vision preset: tiny | e4b")
     parser.add_argument("--text", default="tiny", help="text preset: tiny | e4b")
     parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    parser.add_argument(
+        "--weights",
+        choices=("dummy", "random"),
+        default="dummy",
+        help="random: write seeded weights (small presets); dummy: none (--load-format dummy)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --weights random")
     args = parser.parse_args(argv)
-    path = build(args.vision, args.text, args.out)
+    path = build(args.vision, args.text, args.out, args.weights, args.seed)
     print(path)
     return 0
 

@@ -37,16 +37,23 @@ RULES_DIR = REPO / "dashboards" / "rules"
 CHART_VALUES = REPO / "charts" / "gemma4-serving" / "values.yaml"
 SERVED_MODEL_NAME = "gemma4-tiny"
 
-# What a 2-core CPU needs on top of the blog's flags (the entrypoint adds those): random weights,
-# a short context, a small batch, and eager mode (no torch.compile warm-up).
+# What a 2-core CPU needs on top of the blog's flags (the entrypoint adds those): a short
+# context, a small batch, and eager mode (no torch.compile warm-up). A model directory without
+# weights also gets `--load-format dummy` (see serve_args).
 CPU_SERVE_ARGS = [
-    "--load-format", "dummy",
     "--dtype", "bfloat16",
     "--max-model-len", "4096",
     "--max-num-seqs", "16",
     "--max-num-batched-tokens", "4096",
     "--enforce-eager",
 ]  # fmt: skip
+
+
+def serve_args(model_path: Path) -> list[str]:
+    import build_model
+
+    dummy = [] if build_model.has_weights(model_path) else ["--load-format", "dummy"]
+    return [*dummy, *CPU_SERVE_ARGS]
 
 
 def free_port() -> int:
@@ -165,7 +172,7 @@ class VllmServer:
             # read its own version; the module entry point takes the same flags.
             "VLLM_LAUNCHER": f"{sys.executable} -m vllm.entrypoints.openai.api_server",
             "VLLM_EXTRA_ARGS": " ".join(
-                [*CPU_SERVE_ARGS, "--served-model-name", self.model, *self.extra_args]
+                [*serve_args(self.model_path), "--served-model-name", self.model, *self.extra_args]
             ),
             "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
             "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -294,15 +301,20 @@ def default_model_dir() -> Path:
     return REPO / ".cache" / "models" / "tiny"
 
 
-def ensure_model(path: Path | None = None, vision: str = "tiny", text: str = "tiny") -> Path:
-    """Build the model directory if it is missing or stale (keyed on the builder's fingerprint)."""
+def ensure_model(
+    path: Path | None = None, vision: str = "tiny", text: str = "tiny", weights: str = "random"
+) -> Path:
+    """Build the model directory if it is missing or stale (keyed on the builder's fingerprint).
+
+    The local stack's tiny model carries seeded random weights (~1 MB), so greedy outputs and
+    logprobs depend on the inputs (tests compare them with and without the plugin)."""
     import build_model  # local/ is on sys.path wherever stack is importable
 
     path = path or default_model_dir()
     stamp = path / ".fingerprint"
-    key = f"{build_model.fingerprint()}:{vision}:{text}"
+    key = f"{build_model.fingerprint()}:{vision}:{text}:{weights}"
     if not (stamp.exists() and stamp.read_text() == key):
-        build_model.build(vision, text, path)
+        build_model.build(vision, text, path, weights)
         stamp.write_text(key)
     return path
 

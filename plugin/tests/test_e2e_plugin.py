@@ -79,9 +79,14 @@ def test_image_and_video_go_through_plugin(vllm_server):
 
 
 def test_greedy_outputs_identical_with_plugin_disabled(vllm_server, vllm_server_factory):
-    """Same dummy weights, same requests: the plugin does not change a single token."""
+    """Same weights, same requests: the plugin does not change a single token or logprob."""
     requests = [image_request(seed=201), video_request(seed=202), image_request(seed=203)]
     with_plugin = [chat(vllm_server, r) for r in requests]
+    # The comparison means something only if the outputs depend on the pixels: two different
+    # images must give different logprobs (they would not with vLLM's near-zero dummy weights).
+    first = [t["logprob"] for t in with_plugin[0]["choices"][0]["logprobs"]["content"]]
+    third = [t["logprob"] for t in with_plugin[2]["choices"][0]["logprobs"]["content"]]
+    assert first != third, "outputs do not depend on the image: the test model has no weights?"
     stock = vllm_server_factory("plugin-disabled", env={"GEMMA4_ENCODER_DISABLE": "1"})
     assert OVERRIDE_LINE not in stock.log_path.read_text()
     without = [chat(stock, r) for r in requests]
