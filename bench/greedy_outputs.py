@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from PIL import Image
+from ttft_gap import chat_body  # same directory: run as `python bench/greedy_outputs.py`
 
 from slo_loadtest.media import write_video
 
@@ -68,19 +69,7 @@ def build_requests(seed: int, model: str, tmp: Path) -> list[dict]:
             content = [
                 {"type": "text", "text": " ".join(f"w{(seed + j) % 997}" for j in range(480))}
             ]
-        bodies.append(
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": 10,
-                "min_tokens": 10,
-                "ignore_eos": True,
-                "temperature": 0.0,
-                "logprobs": True,
-                "top_logprobs": 5,
-                "skip_special_tokens": False,
-            }
-        )
+        bodies.append(chat_body(model, content, logprobs=True, top_logprobs=5))
     return bodies
 
 

@@ -29,7 +29,8 @@ def _video_url(key: int, seed: int, tmp: Path) -> str:
     return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
-def _body(model: str, content: object) -> dict:
+def chat_body(model: str, content: object, **extra: object) -> dict:
+    """A greedy request for exactly 10 tokens (the SLO's shape)."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -37,10 +38,14 @@ def _body(model: str, content: object) -> dict:
         "min_tokens": 10,
         "ignore_eos": True,
         "temperature": 0.0,
-        "stream": True,
         # A dummy-weights model emits only special tokens; keep them so content is streamed.
         "skip_special_tokens": False,
+        **extra,
     }
+
+
+def _body(model: str, content: object) -> dict:
+    return chat_body(model, content, stream=True)
 
 
 async def ttft(client: httpx.AsyncClient, url: str, body: dict) -> float:
