@@ -46,6 +46,17 @@ def test_verify_fast_reports_deviation_and_tolerance_exit_code():
     assert strict.returncode == 1
 
 
+def test_verify_noise_floor_puts_fast_mode_beside_stock_bf16():
+    args = ("verify", "--mode", "fast", "--dtype", "bf16", "--videos", "1", "--images", "1")
+    result = json.loads(cli(*args, "--noise-floor").stdout)
+    # both bf16 paths are some distance from the fp32 tower; fast may not be much further
+    assert result["stock_vs_fp32"] > 0 and result["plugin_vs_fp32"] > 0
+    assert result["plugin_vs_fp32"] <= 2 * result["stock_vs_fp32"]
+    item = result["calls"][0]["items"][0]
+    assert {"stock_vs_fp32", "plugin_vs_fp32", "max_abs_ref"} <= item.keys()
+    assert 0 < result["max_rel_diff"] < 1
+
+
 def test_verify_bad_arguments_exit_2():
     assert cli("verify", "--frame-grid", "20x20", "--videos", "1").returncode == 2
     assert cli("verify", "--preset", "nope").returncode == 2

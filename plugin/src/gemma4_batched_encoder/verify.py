@@ -8,6 +8,7 @@ when any item differs in exact mode (or exceeds --tolerance in fast mode), 2 on 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -90,8 +91,16 @@ def pooler_alternatives(
     return worst
 
 
+def fp32_reference(vt: torch.nn.Module, pvs: list, pps: list) -> list[torch.Tensor]:
+    """The per-item stock tower in fp32 (a copy of the same weights): the yardstick for how far
+    any bf16/fp16 computation, stock included, is from the real-valued result."""
+    vt32 = copy.deepcopy(vt).float()
+    return serial_per_item(vt32, [p.float() for p in pvs], pps)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     vt = load_tower(args)
+    noise_floor = args.noise_floor and args.dtype != "fp32"
     settings = replace(Settings.from_env(), mode=args.mode, cuda_graphs=args.cuda_graphs == "on")
     encoder = BatchedVisionEncoder(vt, settings)
     k = vt.config.pooling_kernel_size
@@ -105,6 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         pvs, pps = inputs(args, comp, vt, seed=args.seed + 1000 + n)
         ref = serial_per_item(vt, pvs, pps)
+        ref32 = fp32_reference(vt, pvs, pps) if noise_floor else None
         runs = []
         for _ in range(2):
             t0 = time.perf_counter()
@@ -129,6 +139,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "max_abs_ref": float(r.float().abs().max()),
                 }
             )
+            if ref32 is not None:
+                # stock's own rounding error vs the plugin's, both against fp32
+                items[-1]["stock_vs_fp32"] = _diff(r.float(), ref32[i])
+                items[-1]["plugin_vs_fp32"] = max(_diff(o[i].float(), ref32[i]) for o, _ in runs)
         call_diff = max(it["max_abs_diff"] for it in items)
         call_rel = max(it["max_abs_diff"] / max(it["max_abs_ref"], 1e-30) for it in items)
         worst_rel = max(worst_rel, call_rel)
@@ -148,6 +162,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.mismatches_only
             else items,
         }
+        if ref32 is not None:
+            call["stock_vs_fp32"] = max(it["stock_vs_fp32"] for it in items)
+            call["plugin_vs_fp32"] = max(it["plugin_vs_fp32"] for it in items)
         if args.pooler_drift:
             call["pooler_alternatives_max_abs_diff"] = pooler_alternatives(vt, pvs, pps)
         calls.append(call)
@@ -166,6 +183,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bit_identical": all_equal,
         "max_abs_diff": worst,
         "max_rel_diff": worst_rel,
+        **(
+            {
+                "stock_vs_fp32": max(c["stock_vs_fp32"] for c in calls),
+                "plugin_vs_fp32": max(c["plugin_vs_fp32"] for c in calls),
+            }
+            if noise_floor and calls
+            else {}
+        ),
         "calls": calls,
     }
 
@@ -190,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mismatches-only",
         action="store_true",
         help="list only differing items (default: every item)",
+    )
+    p.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="also run the stock tower in fp32 and report how far stock and the plugin each are "
+        "from it (stock_vs_fp32, plugin_vs_fp32): the fair yardstick for fast mode",
     )
     p.add_argument(
         "--pooler-drift",
