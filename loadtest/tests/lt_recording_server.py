@@ -12,10 +12,20 @@ from typing import Any
 
 
 class RecordingServer:
-    def __init__(self, model: str = "rec-model", tokens: int = 10, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: str = "rec-model",
+        tokens: int = 10,
+        delay_s: float = 0.0,
+        special_tokens_only: bool = False,
+    ) -> None:
+        """``special_tokens_only``: behave like vLLM serving a dummy-weight model that generates
+        only ``<pad>``: the tokens are counted in ``usage`` but the streamed deltas are empty,
+        unless the request body says ``"skip_special_tokens": false``."""
         self.model = model
         self.tokens = tokens
         self.delay_s = delay_s
+        self.special_tokens_only = special_tokens_only
         self.bodies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         server = self
@@ -56,11 +66,14 @@ class RecordingServer:
                 self.end_headers()
                 for i in range(server.tokens):
                     time.sleep(server.delay_s)
+                    text = f" t{i}"
+                    if server.special_tokens_only:
+                        text = "" if body.get("skip_special_tokens", True) else "<pad>"
                     chunk = {
                         "id": "r",
                         "object": "chat.completion.chunk",
                         "model": server.model,
-                        "choices": [{"index": 0, "delta": {"content": f" t{i}"}}],
+                        "choices": [{"index": 0, "delta": {"content": text}}],
                         "usage": {
                             "prompt_tokens": 5,
                             "completion_tokens": i + 1,

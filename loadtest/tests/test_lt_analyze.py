@@ -53,6 +53,11 @@ def test_ordinary_run_is_measured() -> None:
     assert x.ttft_p50_ms <= x.ttft_p95_ms <= x.ttft_p99_ms
     assert x.latency_p95_ms >= x.ttft_p95_ms
     assert x.output_tokens_mean == 10
+    # every successful request streamed content: TTFT of each, and no content note
+    assert x.ttft_samples == x.successful
+    from slo_loadtest.verdict import content_notes
+
+    assert content_notes(x) == []
     assert x.prompt_tokens_mean >= 100  # sized with the model's own tokenizer
     assert x.stop_reason == "max_duration"
     ok, reasons = judge(x, LENIENT)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -144,6 +146,7 @@ def test_scenario_validates_with_guidellms_own_model(tmp_path: Path) -> None:
         step_dir=tmp_path / "s",
         tokenizer=str(tmp_path),
         sample_size=3,
+        extra_body={"skip_special_tokens": False, "chat_template_kwargs": {"x": 1}},
     )
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(gl.build_scenario(spec)))
@@ -153,3 +156,109 @@ def test_scenario_validates_with_guidellms_own_model(tmp_path: Path) -> None:
     assert bench.profile.warmup.compute_limits(None, 10.0) == (0.5, None)
     assert bench.constraints[0].seconds == 10
     assert bench.metrics.sample_size == 3 and bench.tokenizer.model == str(tmp_path)
+    assert bench.backend.extras.body == {
+        "skip_special_tokens": False,
+        "chat_template_kwargs": {"x": 1},
+    }
+    # no extra body: no extras at all (guidellm's own defaults)
+    plain = gl.build_scenario(gl.StepSpec(**{**spec.__dict__, "extra_body": {}}))
+    assert "extras" not in plain["spec"]["backend"]
+
+
+def _run_cli(srv: RecordingServer, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`slo-loadtest run`, one text rate, as a user runs it (a subprocess)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slo_loadtest.cli",
+            "run",
+            "--target",
+            srv.url,
+            "--workloads",
+            "text",
+            "--rates",
+            "2",
+            "--duration",
+            "4",
+            "--warmup",
+            "0",
+            "--prompt-tokens",
+            "20",
+            "--max-workers",
+            "1",
+            "--no-plots",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+EXTRA = {
+    "skip_special_tokens": False,
+    "temperature": 0,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+
+
+def test_extra_body_arrives_in_every_request(tmp_path: Path) -> None:
+    """--extra-body travels CLI -> config -> scenario -> guidellm -> every request body, next to
+    (not over) what guidellm sets; against a server that streams text only when asked for its
+    special tokens (a dummy-weight model), TTFT is measured again."""
+    out = tmp_path / "out"
+    with RecordingServer(special_tokens_only=True) as srv:
+        proc = _run_cli(srv, out, "--extra-body", json.dumps(EXTRA))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert srv.bodies, "guidellm sent nothing"
+    for body in srv.bodies:
+        assert {k: body[k] for k in EXTRA} == EXTRA
+        assert body["model"] == srv.model and body["stream"] is True
+        assert body["max_completion_tokens"] == 10 and body["ignore_eos"] is True
+        assert body["stream_options"]["include_usage"] is True
+        assert body["messages"][0]["content"]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["config"]["extra_body"] == EXTRA
+    (r,) = s["results"]
+    m = r["measurement"]
+    assert m["successful"] > 0 and m["ttft_samples"] == m["successful"]
+    assert m["ttft_p95_ms"] is not None and r["notes"] == []
+    md = (out / "report.md").read_text()
+    assert f"extra request body: `{json.dumps(EXTRA, sort_keys=True)}`" in md
+    assert "not (fully) measured" not in md
+    step = out / "steps" / "text-r2"
+    scenario = json.loads((step / "scenario.json").read_text())
+    assert scenario["spec"]["backend"]["extras"] == {"body": EXTRA}
+
+
+def test_no_streamed_content_is_diagnosed(tmp_path: Path) -> None:
+    """The H200 case: every request succeeds but streams only empty deltas (special tokens
+    skipped), so guidellm has no TTFT. The rate is still judged on total latency; the notes,
+    the log and the report say what happened and how to fix it."""
+    out = tmp_path / "out"
+    with RecordingServer(special_tokens_only=True) as srv:
+        proc = _run_cli(srv, out)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert all("skip_special_tokens" not in b for b in srv.bodies)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["config"]["extra_body"] == {}
+    (r,) = s["results"]
+    m = r["measurement"]
+    assert r["status"] == "ok" and m["successful"] > 0 and m["ttft_samples"] == 0
+    assert m["ttft_p95_ms"] is None and m["latency_p95_ms"] is not None
+    (note,) = r["notes"]
+    assert (
+        note.startswith("no streamed content arrived") and f"{m['successful']} successful" in note
+    )
+    assert r["passed"] == (not r["reasons"])  # notes are not reasons
+    assert not any("TTFT" in x or "content" in x for x in r["reasons"])
+    assert "note: no streamed content arrived" in proc.stderr
+    assert """--extra-body '{"skip_special_tokens": false}'""" in proc.stderr
+    md = (out / "report.md").read_text()
+    assert "**TTFT/ITL not (fully) measured** at text 2 req/s" in md
+    assert """--extra-body '{"skip_special_tokens": false}'""" in md
+    assert "## Notes" in md and "- text 2 req/s: no streamed content arrived" in md
+    assert "extra request body" not in md

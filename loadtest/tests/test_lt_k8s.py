@@ -29,6 +29,7 @@ from slo_loadtest.k8s import (
 )
 from slo_loadtest.outputs import summary_block
 from slo_loadtest.summary import build_summary
+from slo_loadtest.validation import parse_extra_body
 from slo_loadtest.verdict import RateResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -293,6 +294,36 @@ def test_missing_job_and_bad_flags() -> None:
         )
         assert r.exit_code == 2 and "--target" in r.output
         assert not api.jobs
+
+
+def test_start_forwards_and_checks_the_extra_body() -> None:
+    """`k8s start --extra-body` (or `--set extra_body=`) becomes SLO_LOADTEST_EXTRA_BODY, the
+    variable `run` reads in the pod; a bad one fails here with exit 2, not later in the pod."""
+    base = ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run"]
+    for extra in (
+        ["--extra-body", '{"skip_special_tokens": false}'],
+        ["--set", 'extra_body={"skip_special_tokens":false}'],
+    ):
+        r = CliRunner().invoke(cli, [*base, *extra])
+        assert r.exit_code == 0, r.output
+        (container,) = json.loads(r.output)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        # what the pod's `slo-loadtest run` makes of that variable
+        assert parse_extra_body(env["SLO_LOADTEST_EXTRA_BODY"]) == {"skip_special_tokens": False}
+    r = CliRunner().invoke(cli, base)
+    assert r.exit_code == 0 and "SLO_LOADTEST_EXTRA_BODY" not in r.output
+    for extra, flag, message in (
+        (["--extra-body", "{oops"], "--extra-body", "is not valid JSON"),
+        (["--extra-body", '{"model": "x"}'], "--extra-body", "cannot be overridden"),
+        (["--set", "extra_body=[1]"], "--set extra_body", "must be a JSON object"),
+        (
+            ["--extra-body", "{}", "--set", "extra_body={}"],
+            "--extra-body",
+            "give the extra body once",
+        ),
+    ):
+        r = CliRunner().invoke(cli, [*base, *extra])
+        assert r.exit_code == 2 and flag in r.output and message in r.output, r.output
 
 
 @pytest.mark.parametrize("flag", ["--dry-run"])

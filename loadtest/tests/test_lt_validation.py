@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
 from slo_loadtest.cli import cli
 from slo_loadtest.config import SweepConfig, field_default
-from slo_loadtest.validation import check_target, parse_rates, parse_workloads
+from slo_loadtest.validation import (
+    RESERVED_BODY_KEYS,
+    check_target,
+    parse_extra_body,
+    parse_rates,
+    parse_workloads,
+)
 
 
 @pytest.mark.parametrize(
@@ -65,6 +73,8 @@ def test_defaults_come_from_the_config() -> None:
     assert opts["slo_ms"].default == field_default("slo_ms")
     assert opts["rates"].default == "1..20"
     assert opts["duration_s"].envvar == "SLO_LOADTEST_DURATION_S"
+    assert cfg.extra_body == {} and opts["extra_body"].envvar == "SLO_LOADTEST_EXTRA_BODY"
+    assert opts["extra_body"].opts == ["--extra-body"] and opts["extra_body"].default is None
 
 
 @pytest.mark.parametrize(
@@ -88,6 +98,61 @@ def test_run_rejects_bad_input_naming_the_flag(args: list[str], flag: str, tmp_p
     assert r.exit_code == 2, r.output
     assert flag in r.output, r.output
     assert not (tmp_path / "o").exists(), "nothing may run before input is validated"
+
+
+def test_parse_extra_body() -> None:
+    assert parse_extra_body("") == {} and parse_extra_body("  ") == {}
+    assert parse_extra_body('{"skip_special_tokens": false, "a": {"b": [1]}}') == {
+        "skip_special_tokens": False,
+        "a": {"b": [1]},
+    }
+    for bad, message in [
+        ("{x", "is not valid JSON"),
+        ('{"a": NaN}', "is not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('"s"', "got a JSON string"),
+        ("null", "got a JSON null"),
+        ('{"max_tokens": 5}', "'max_tokens' is set by slo-loadtest itself"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_extra_body(bad)
+    for key in RESERVED_BODY_KEYS:
+        with pytest.raises(ValueError, match="cannot be overridden"):
+            parse_extra_body(json.dumps({key: 1, "temperature": 0}))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{skip_special_tokens: false}", "is not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ("true", "must be a JSON object"),
+        ('{"model": "other"}', "'model' is set by slo-loadtest itself"),
+        ('{"stream": false, "ignore_eos": false}', "'stream', 'ignore_eos' are set"),
+        ('{"max_completion_tokens": 1}', "cannot be overridden"),
+        ('{"messages": []}', "cannot be overridden"),
+    ],
+)
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_bad_extra_body_exits_2_before_anything_runs(
+    body: str, message: str, via: str, tmp_path
+) -> None:
+    base = ["run", "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o")]
+    if via == "flag":
+        r = CliRunner().invoke(cli, [*base, "--extra-body", body])
+    else:
+        r = CliRunner().invoke(cli, base, env={"SLO_LOADTEST_EXTRA_BODY": body})
+    assert r.exit_code == 2, r.output
+    assert "--extra-body" in r.output and message in r.output, r.output
+    assert not (tmp_path / "o").exists(), "nothing may run before input is validated"
+    # the Job entrypoint reads the same variable and refuses it the same way
+    r = CliRunner().invoke(
+        cli,
+        ["job", "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "j")],
+        env={"SLO_LOADTEST_EXTRA_BODY": body},
+    )
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert not (tmp_path / "j").exists()
 
 
 def test_env_vars_configure_run(tmp_path) -> None:

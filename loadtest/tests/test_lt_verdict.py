@@ -73,3 +73,63 @@ def test_require_rate_and_search_probes() -> None:
     assert build_summary(rs, C, require_rate=4)["verdict"] == "pass"
     s = build_summary(rs, C, require_rate=5)
     assert s["verdict"] == "fail" and s["workloads"]["video"]["requirement_met"] is False
+
+
+def test_no_streamed_content_is_a_note_not_a_failure() -> None:
+    """Successful requests without streamed text (a model emitting only special tokens): TTFT is
+    None (or NaN from an older summary), ITL 0. The verdict is unchanged; notes say why."""
+    empty = replace(
+        GOOD, ttft_p50_ms=None, ttft_p95_ms=None, ttft_p99_ms=None, itl_median_ms=0.0,
+        itl_p95_ms=0.0, ttft_samples=0,
+    )  # fmt: skip
+    cases = {
+        "no streamed content arrived: none of the 297 successful": empty,
+        "no streamed content arrived": replace(empty, ttft_samples=None, ttft_p95_ms=float("nan")),
+        "streamed content arrived for only 3 of 297 successful requests": replace(
+            GOOD, ttft_samples=3, itl_median_ms=0.0
+        ),
+        "median ITL is 0 ms for 10 output tokens": replace(GOOD, itl_median_ms=0.0),
+    }
+    for note, m in cases.items():
+        (r,) = build_summary([RateResult("video", 10, measurement=m)], C)["results"]
+        assert r["passed"] and r["reasons"] == [], r
+        assert len(r["notes"]) == 1 and note in r["notes"][0], (note, r["notes"])
+    for m in (GOOD, replace(GOOD, ttft_samples=297), replace(empty, successful=0)):
+        (r,) = build_summary([RateResult("video", 10, measurement=m)], C)["results"]
+        assert r["notes"] == []
+
+
+def test_report_says_plainly_that_no_content_streamed() -> None:
+    from slo_loadtest.report import to_csv, to_markdown
+
+    empty = replace(GOOD, ttft_p50_ms=None, ttft_p95_ms=None, ttft_p99_ms=None, ttft_samples=0)
+    s = build_summary(
+        [
+            RateResult("text", 10, measurement=GOOD),
+            RateResult("video", 10, measurement=empty),
+            RateResult(
+                "video",
+                20,
+                measurement=replace(empty, target_rate=20, achieved_rate=20, latency_p95_ms=900),
+            ),
+        ],
+        C,
+        config={"extra_body": {}},
+    )
+    md = to_markdown(s)
+    assert "**TTFT/ITL not (fully) measured** at video 10, 20 req/s" in md
+    assert """pass --extra-body '{"skip_special_tokens": false}'""" in md
+    assert "Pass/fail rests on the total latency and is not affected" in md
+    assert "- video 10 req/s: no streamed content arrived" in md
+    assert "| video | 10 | 9.90 | – / – / – |" in md
+    assert "| yes | see Notes |" in md
+    assert "| no | p95 latency 900 ms > SLO 300 ms; see Notes |" in md
+    assert "extra request body" not in md
+    assert "no streamed content arrived" in to_csv(s).splitlines()[2]
+    assert s["verdict"] == "fail" and s["workloads"]["video"]["highest_passing_rate"] == 10
+    # a healthy sweep has neither the bullet nor the Notes section; the extra body is named
+    s = build_summary([RateResult("text", 10, measurement=GOOD)], C,
+                      config={"extra_body": {"skip_special_tokens": False}})  # fmt: skip
+    md = to_markdown(s)
+    assert "not (fully) measured" not in md and "## Notes" not in md
+    assert 'extra request body: `{"skip_special_tokens": false}`' in md

@@ -63,6 +63,7 @@ def _non_negative(what: str) -> Callable[[Any], Any]:
 
 VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "target": validation.check_target,
+    "extra_body": validation.parse_extra_body,
     "rates": validation.parse_rates,
     "workloads": validation.parse_workloads,
     "duration_s": _positive("the duration"),
@@ -140,8 +141,10 @@ def config_options(
                 kw.update(type=str, default=default or None, show_default=bool(default))
             if f.name == "target" and required_target:
                 kw["required"] = True
-            if f.name == "api_key":
+            if f.name in ("api_key", "extra_body"):
                 kw["show_default"] = False
+            if f.name == "extra_body":
+                kw["metavar"] = "JSON"
             fn = click.option(_flag(f.name), f.name, **kw)(fn)
         return fn
 

@@ -66,6 +66,12 @@ class SweepConfig:
     )
     model: str = _f("", "Served model name; empty: the first model the server lists at /v1/models.")
     api_key: str = _f("", "Bearer token for the server (better set through SLO_LOADTEST_API_KEY).")
+    extra_body: dict[str, Any] = _ff(  # noqa: RUF009 - a default_factory
+        dict,
+        "JSON object merged into every request body, e.g. '{\"skip_special_tokens\": false}' "
+        "for a dummy-weight model that emits only special tokens. Keys slo-loadtest sets itself "
+        "(model, messages, stream, max_tokens, ...) are refused.",
+    )
     workloads: tuple[str, ...] = _f(
         ("text", "video"), "Comma list of workloads: text, video, image."
     )

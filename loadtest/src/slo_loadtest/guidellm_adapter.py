@@ -53,6 +53,8 @@ class StepSpec:
     tokenizer: str = ""
     sample_size: int | None = 20
     labels: Mapping[str, str] = field(default_factory=dict)
+    # merged into every request body (guidellm's backend ``extras.body``)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def report_path(self) -> Path:
@@ -90,6 +92,10 @@ def build_scenario(spec: StepSpec) -> dict[str, Any]:
     }
     if spec.api_key:
         backend["api_key"] = spec.api_key
+    if spec.extra_body:
+        # guidellm 0.8.1 deep-merges extras.body into each request body after it has set model,
+        # stream and the output length; the CLI refuses those keys (validation.RESERVED_BODY_KEYS)
+        backend["extras"] = {"body": dict(spec.extra_body)}
     scenario: dict[str, Any] = {
         "metadata": {"labels": dict(spec.labels)},
         "spec": {
@@ -236,6 +242,9 @@ class Measurement:
     prompt_tokens_mean: float | None
     output_tokens_mean: float | None
     guidellm_rps_mean: float | None = None
+    # successful requests with a first streamed token (guidellm's TTFT sample count); fewer than
+    # ``successful`` means some requests streamed no content. None: not in the report.
+    ttft_samples: int | None = None
     stop_reason: str = ""
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -264,6 +273,11 @@ def _num(v: Any, scale: float = 1.0) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     return float(v) * scale
+
+
+def _count(dist: Any, status: str = "successful") -> int | None:
+    count = _get(dist, status, "count")
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def _has_values(dist: Any, status: str) -> bool:
@@ -352,6 +366,7 @@ def _measurement(b: Mapping[str, Any], labels: dict[str, str]) -> Measurement:
         prompt_tokens_mean=_num(_get(m, "prompt_token_count", "successful", "mean")),
         output_tokens_mean=_num(_get(m, "output_token_count", "successful", "mean")),
         guidellm_rps_mean=_num(_get(m, "requests_per_second", "successful", "mean")),
+        ttft_samples=_count(m.get("time_to_first_token_ms")),
         stop_reason=_stop_reason(b),
         labels=labels,
     )

@@ -102,6 +102,13 @@ def k8s() -> None:
     "--set duration_s=30). Repeatable.",
 )
 @click.option(
+    "--extra-body",
+    default="",
+    metavar="JSON",
+    help="JSON object merged into every request body (becomes SLO_LOADTEST_EXTRA_BODY, as "
+    """`run --extra-body`), e.g. '{"skip_special_tokens": false}' for a dummy-weight model.""",
+)
+@click.option(
     "--arg",
     "args",
     multiple=True,
@@ -138,6 +145,7 @@ def start(
     image: str,
     target: str,
     settings: dict[str, str],
+    extra_body: str,
     args: tuple[str, ...],
     active_deadline: int,
     keep_results: int,
@@ -150,13 +158,32 @@ def start(
 ) -> None:
     """Create the load-test Job."""
     from slo_loadtest.k8s import JobOptions, loadtest_job
-    from slo_loadtest.validation import check_target
+    from slo_loadtest.validation import check_target, parse_extra_body
 
     if target:
         try:
             target = check_target(target)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
+    # the extra body is checked here, not first in the pod: a typo fails now, with exit 2
+    if extra_body.strip() and "extra_body" in settings:
+        raise click.BadParameter(
+            "give the extra body once: --extra-body or --set extra_body=...",
+            param_hint="'--extra-body'",
+        )
+    given, hint = (
+        (extra_body, "'--extra-body'")
+        if extra_body.strip()
+        else (settings.get("extra_body"), "'--set extra_body'")
+    )
+    if given is not None:
+        try:
+            body = parse_extra_body(given)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+        settings = {k: v for k, v in settings.items() if k != "extra_body"}
+        if body:
+            settings["extra_body"] = json.dumps(body, separators=(",", ":"))
     manifest = loadtest_job(
         JobOptions(
             release=release,

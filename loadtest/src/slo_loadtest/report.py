@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from slo_loadtest.verdict import NO_CONTENT_HINT
 
 CSV_COLUMNS = [
     "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
@@ -14,7 +17,7 @@ CSV_COLUMNS = [
     "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "successful", "errored", "incomplete",
     "dispatch_delay_median_ms", "dispatch_delay_p95_ms", "prompt_tokens_mean",
     "output_tokens_mean", "duration_s", "stop_reason", "search_probe", "wall_s",
-    "guidellm_version", "reasons", "message",
+    "guidellm_version", "reasons", "message", "notes",
 ]  # fmt: skip
 
 
@@ -24,6 +27,7 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         row = {k: v for k, v in r.items() if k != "measurement"}
         row.update(r.get("measurement") or {})
         row["reasons"] = "; ".join(r.get("reasons") or [])
+        row["notes"] = "; ".join(r.get("notes") or [])
         rows.append(row)
     return rows
 
@@ -77,6 +81,21 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
         f"- guidellm {summary.get('guidellm_version') or '?'}, slo-loadtest "
         f"{summary['tool']['version']}, {summary['created_at']}, source: {summary.get('source')}"
     )
+    extra_body = (summary.get("config") or {}).get("extra_body")
+    if extra_body:
+        out.append(f"- extra request body: `{json.dumps(extra_body, sort_keys=True)}`")
+    rows = flat_rows(summary)
+    noted = [row for row in rows if row["notes"]]
+    if noted:
+        at: dict[str, list[str]] = {}
+        for row in noted:
+            at.setdefault(row["workload"], []).append(f"{row['target_rate']:g}")
+        where = "; ".join(f"{w} {', '.join(rates)} req/s" for w, rates in at.items())
+        out.append(
+            f"- **TTFT/ITL not (fully) measured** at {where}: some or all successful requests "
+            f"streamed no text (see Notes); {NO_CONTENT_HINT}. Pass/fail rests on the total "
+            "latency and is not affected."
+        )
     if summary.get("failed_step"):
         f = summary["failed_step"]
         out.append(
@@ -103,8 +122,9 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
         "| total p95 ms | ok / err / incomplete | dispatch p95 ms | pass | why not |"
     )
     out.append("|---|---|---|---|---|---|---|---|---|---|")
-    for row in flat_rows(summary):
+    for row in rows:
         probe = " (search)" if row.get("search_probe") else ""
+        why = "; ".join(x for x in (row["reasons"], "see Notes" if row["notes"] else "") if x)
         out.append(
             f"| {row['workload']} | {row['target_rate']:g}{probe} "
             f"| {_fmt(row.get('achieved_rate'), 2)} "
@@ -115,8 +135,15 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
             f"| {_fmt(row.get('successful'))} / {_fmt(row.get('errored'))} / "
             f"{_fmt(row.get('incomplete'))} "
             f"| {_fmt(row.get('dispatch_delay_p95_ms'))} "
-            f"| {'yes' if row['passed'] else 'no'} | {row['reasons'] or ''} |"
+            f"| {'yes' if row['passed'] else 'no'} | {why} |"
         )
+    if noted:
+        out.append("")
+        out.append("## Notes")
+        out.append("")
+        for row in noted:
+            probe = " (search)" if row.get("search_probe") else ""
+            out.append(f"- {row['workload']} {row['target_rate']:g} req/s{probe}: {row['notes']}")
     if plots:
         out.append("")
         out.append("## Plots")

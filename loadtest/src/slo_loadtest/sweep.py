@@ -23,6 +23,7 @@ from slo_loadtest import guidellm_adapter as gl
 from slo_loadtest.config import SweepConfig
 from slo_loadtest.dataset import Dataset, DatasetWriter
 from slo_loadtest.verdict import (
+    NO_CONTENT_HINT,
     STATUS_ERROR,
     STATUS_NOT_RUN,
     STATUS_OK,
@@ -102,6 +103,8 @@ class Sweep:
             f"slo-loadtest: target {cfg.target}, workloads {','.join(cfg.workloads)}, "
             f"rates {','.join(f'{r:g}' for r in cfg.rates)}, {cfg.duration_s:g} s each"
         )
+        if cfg.extra_body:
+            self.log(f"extra request body: {json.dumps(cfg.extra_body, sort_keys=True)}")
         try:
             if not self.model:
                 self.model = resolve_model(cfg.target, cfg.api_key)
@@ -190,6 +193,7 @@ class Sweep:
             tokenizer=cfg.tokenizer,
             sample_size=cfg.report_samples,
             labels={"workload": workload, "rate": f"{rate:g}", "tool": "slo-loadtest"},
+            extra_body=cfg.extra_body,
         )
         self.log(
             f"[{workload} {rate:g} req/s] guidellm run ({ds.rows} rows, bound "
@@ -233,12 +237,14 @@ class Sweep:
         def f(v: float | None) -> str:
             return "-" if v is None else f"{v:.0f}"
 
+        notes = "".join(f"\n{head} note: {n} ({NO_CONTENT_HINT})" for n in r.notes)
         return (
             f"{head} {'PASS' if r.passed else 'FAIL'} achieved "
             f"{(m.achieved_rate or 0):.2f} req/s, TTFT p95 {f(m.ttft_p95_ms)} ms, "
             f"total p95 {f(m.latency_p95_ms)} ms, ok/err/inc {m.successful}/{m.errored}/"
             f"{m.incomplete}, dispatch p95 {f(m.dispatch_delay_p95_ms)} ms"
             + ("" if r.passed else f" ({'; '.join(r.reasons)})")
+            + notes
         )
 
     # -- search past the last rate -----------------------------------------------------------

@@ -6,12 +6,28 @@ Each function raises ``ValueError`` with a message meant for a human; the CLI tu
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 from urllib.parse import urlparse
 
 from slo_loadtest.config import WORKLOAD_KINDS
 
 MAX_RATES = 200
+
+# Request body keys slo-loadtest (through guidellm) sets itself: they define the workload's shape
+# (the model, the prompt, streaming and its usage reports, the output length), so an extra body
+# may not replace them.
+RESERVED_BODY_KEYS: tuple[str, ...] = (
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "ignore_eos",
+    "stop",
+)
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -109,3 +125,51 @@ def check_ratio(value: float, what: str) -> float:
     if not math.isfinite(value) or not 0 <= value <= 1:
         raise ValueError(f"{what} must be between 0 and 1, got {value:g}")
     return value
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """A JSON object to merge into every request body ('' means none), e.g.
+    ``{"skip_special_tokens": false}``. Keys slo-loadtest controls are refused."""
+    text = (text or "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError, or NaN/Infinity
+        raise ValueError(
+            f"{_clip(text)} is not valid JSON ({exc}); give a JSON object, e.g. "
+            """'{"skip_special_tokens": false}'"""
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"must be a JSON object ({{...}}), got a JSON {_json_kind(value)}: {_clip(text)}"
+        )
+    reserved = [k for k in value if k in RESERVED_BODY_KEYS]
+    if reserved:
+        raise ValueError(
+            f"{', '.join(repr(k) for k in reserved)} {'is' if len(reserved) == 1 else 'are'} set "
+            "by slo-loadtest itself (they fix the workload's model, prompt, streaming and output "
+            "length) and cannot be overridden; use --model, --output-tokens and the workload "
+            f"options instead (refused keys: {', '.join(RESERVED_BODY_KEYS)})"
+        )
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")

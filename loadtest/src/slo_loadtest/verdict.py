@@ -13,6 +13,12 @@ A rate passes when all of these hold:
   successful requests cannot show;
 * the rate actually ran (guidellm produced a report with at least one successful request).
 
+Notes (``RateResult.notes``) never change the verdict. The one kept today: successful requests
+that streamed no content. TTFT and ITL are timed from the first and later streamed text deltas;
+a model that emits only special tokens (dummy weights) streams none, because vLLM drops special
+tokens from streamed text, so those columns stay empty (or ITL reads 0) although the total
+latency, which the SLO judges, is measured.
+
 A workload's *highest passing rate* is the highest tested rate such that it and every lower
 tested rate passed, so one lucky rate above a failing one does not count.
 """
@@ -45,6 +51,7 @@ class RateResult:
     guidellm_version: str = ""
     wall_s: float | None = None
     search_probe: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -90,13 +97,52 @@ def judge(m: Measurement, c: Criteria) -> tuple[bool, list[str]]:
     return (not reasons), reasons
 
 
+NO_CONTENT_HINT = (
+    "a model that emits only special tokens (dummy weights) streams no text, because vLLM drops "
+    "special tokens from streamed text; for such a model pass "
+    """--extra-body '{"skip_special_tokens": false}'"""
+)
+
+
+def _missing(v: float | None) -> bool:
+    return v is None or v != v  # None or NaN
+
+
+def content_notes(m: Measurement) -> list[str]:
+    """Plain-language notes when successful requests streamed no content (see module doc);
+    :data:`NO_CONTENT_HINT` says the likely cause and the fix."""
+    n = m.successful
+    if n <= 0:
+        return []
+    if m.ttft_samples == 0 or (m.ttft_samples is None and _missing(m.ttft_p95_ms)):
+        return [
+            f"no streamed content arrived: none of the {n} successful requests streamed any "
+            "text, so TTFT and ITL were not measured (the total latency, which the SLO judges, "
+            "was)"
+        ]
+    if m.ttft_samples is not None and m.ttft_samples < n:
+        return [
+            f"streamed content arrived for only {m.ttft_samples} of {n} successful requests, "
+            f"so TTFT and ITL rest on those {m.ttft_samples}"
+        ]
+    out_tokens = m.output_tokens_mean or 0.0
+    if m.itl_median_ms == 0 and out_tokens > 1:
+        return [
+            f"median ITL is 0 ms for {out_tokens:g} output tokens a request: the streamed text "
+            "arrived in one piece at most, so TTFT and ITL are not meaningful"
+        ]
+    return []
+
+
 def judge_result(r: RateResult, c: Criteria) -> RateResult:
     if r.status != STATUS_OK or r.measurement is None:
         r.passed = False
+        r.notes = []
         if not r.reasons:
             r.reasons = [r.message or r.status]
         return r
     r.passed, r.reasons = judge(r.measurement, c)
+    r.notes = content_notes(r.measurement)
     return r
 
 
