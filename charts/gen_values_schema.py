@@ -361,6 +361,12 @@ VALUES = obj(
             {
                 "image": ref("image"),
                 "settings": strmap("SLO_LOADTEST_<KEY> settings (strings) for both Jobs"),
+                # keys slo-loadtest sets itself are refused by _loadtest.tpl (a readable message;
+                # helm's schema errors for propertyNames name the wrong path)
+                "extraBody": free(
+                    "JSON object merged into every request body of both Jobs "
+                    "(SLO_LOADTEST_EXTRA_BODY), e.g. {skip_special_tokens: false}"
+                ),
                 "job": loadtest_mode("Render the standalone load-test Job", standalone=True),
                 "helmTest": loadtest_mode("Render the helm test hook Job", standalone=False),
                 "extraEnv": ref("envList"),

@@ -5,10 +5,12 @@ test fails when either side drifts."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 
 import pytest
-from chartlib import ROOT, helm, render
+from chartlib import CHART, PROFILES, RELEASE, ROOT, helm, render
 
 sys.path.insert(0, str(ROOT / "loadtest" / "src"))
 from slo_loadtest import k8s
@@ -76,8 +78,6 @@ def test_every_setting_is_a_real_slo_loadtest_option():
 
     known = {p.envvar for p in cli.run.params if p.envvar}
     assert "SLO_LOADTEST_RATES" in known
-    from chartlib import PROFILES
-
     for profile in PROFILES:
         for doc in render(profile):
             if doc["kind"] != "Job":
@@ -105,3 +105,74 @@ def test_notes_fetch_command_parses_with_the_cli():
     ctx = fetch.make_context("fetch", argv[3:])
     assert ctx.params["release"] == "rel"
     assert ctx.params["namespace"] == "serve"
+
+
+EXTRA_BODY_VALUES = """
+loadtest:
+  job:
+    enabled: true
+  extraBody:
+    skip_special_tokens: false
+    temperature: 0
+    chat_template_kwargs:
+      enable_thinking: false
+"""
+EXTRA_BODY = {
+    "skip_special_tokens": False,
+    "temperature": 0,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+
+
+def _loadtest_envs(docs: list[dict]) -> list[dict[str, str]]:
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    return [
+        {e["name"]: e.get("value") for e in j["spec"]["template"]["spec"]["containers"][0]["env"]}
+        for j in jobs
+    ]
+
+
+def test_extra_body_value_becomes_the_variable_run_reads():
+    """loadtest.extraBody (an object) reaches both Jobs as SLO_LOADTEST_EXTRA_BODY, JSON that
+    `slo-loadtest run` parses back to the same object (and the same variable
+    `slo-loadtest k8s start --extra-body` sets); without it the variable is absent."""
+    from click.testing import CliRunner
+
+    from slo_loadtest import cli
+    from slo_loadtest.validation import parse_extra_body
+
+    envs = _loadtest_envs(render("default", values=EXTRA_BODY_VALUES))
+    assert len(envs) == 2  # the helm-test hook and the standalone Job
+    for env in envs:
+        assert parse_extra_body(env["SLO_LOADTEST_EXTRA_BODY"]) == EXTRA_BODY
+    assert "SLO_LOADTEST_EXTRA_BODY" in {p.envvar for p in cli.run.params}
+    r = CliRunner().invoke(
+        cli.cli,
+        ["k8s", "start", "--release", "rel", "--image", "i", "--dry-run", "--extra-body",
+         json.dumps(EXTRA_BODY)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (cli_env,) = _loadtest_envs([json.loads(r.output)])
+    assert parse_extra_body(cli_env["SLO_LOADTEST_EXTRA_BODY"]) == EXTRA_BODY
+    for profile in PROFILES:
+        for env in _loadtest_envs(render(profile)):
+            assert "SLO_LOADTEST_EXTRA_BODY" not in env, profile
+
+
+def test_extra_body_refuses_what_slo_loadtest_sets():
+    """The chart refuses the same keys `slo-loadtest run --extra-body` refuses, with a message
+    naming the value, and an extra body given twice (extraBody and a settings entry)."""
+    from slo_loadtest.validation import RESERVED_BODY_KEYS
+
+    tpl = (ROOT / "charts" / "gemma4-serving" / "templates" / "_loadtest.tpl").read_text()
+    (line,) = [ln for ln in tpl.splitlines() if ln.startswith("{{- $reserved := list ")]
+    assert tuple(re.findall(r'"([a-z_]+)"', line)) == RESERVED_BODY_KEYS
+    for key in RESERVED_BODY_KEYS:
+        proc = helm("template", RELEASE, str(CHART), "--set", f"loadtest.extraBody.{key}=1",
+                    check=False)  # fmt: skip
+        assert proc.returncode != 0, key
+        assert f'loadtest.extraBody.{key}: slo-loadtest sets "{key}" itself' in proc.stderr
+    for setting in ("loadtest.settings.extra_body=x", "loadtest.helmTest.settings.EXTRA_BODY=x"):
+        proc = helm("template", RELEASE, str(CHART), "--set", "loadtest.extraBody.temperature=0",
+                    "--set", setting, check=False)  # fmt: skip
+        assert proc.returncode != 0 and "set it once, in loadtest.extraBody" in proc.stderr

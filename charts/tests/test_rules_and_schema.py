@@ -142,6 +142,7 @@ BAD_VALUES = [
     ),
     ("autoscaling.minReplicas=0", "/autoscaling/minReplicas", "minimum"),
     ("loadtest.job.activeDeadlineSeconds=5", "/loadtest/job/activeDeadlineSeconds", "minimum"),
+    ("loadtest.extraBody=5", "/loadtest/extraBody", "got number, want object"),
     (
         "modelCache.accessModes={ReadWriteSometimes}",
         "/modelCache/accessModes/0",

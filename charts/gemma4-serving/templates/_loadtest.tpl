@@ -7,6 +7,21 @@ hook (tests/loadtest-test.yaml). Call with (dict "ctx" $ "mode" .Values.loadtest
 {{- $lt := $.Values.loadtest }}
 {{- $mode := .mode }}
 {{- $settings := merge (deepCopy (default dict $mode.settings)) (deepCopy (default dict $lt.settings)) -}}
+{{- /* The request body keys slo-loadtest sets itself (slo_loadtest.validation.RESERVED_BODY_KEYS;
+charts/tests/test_loadtest_contract.py keeps the two lists equal). */}}
+{{- $reserved := list "model" "messages" "stream" "stream_options" "max_tokens" "max_completion_tokens" "ignore_eos" "stop" }}
+{{- range $key, $_ := (default dict $lt.extraBody) }}
+{{- if has $key $reserved }}
+{{- fail (printf "loadtest.extraBody.%s: slo-loadtest sets %q itself (it fixes the workload's model, prompt, streaming and output length); refused keys: %s" $key $key (join ", " $reserved)) }}
+{{- end }}
+{{- end }}
+{{- if $lt.extraBody }}
+{{- range $key, $_ := $settings }}
+{{- if eq (upper $key) "EXTRA_BODY" }}
+{{- fail (printf "loadtest.extraBody and the setting %q both set the request body: set it once, in loadtest.extraBody" $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
 backoffLimit: 0
 activeDeadlineSeconds: {{ $mode.activeDeadlineSeconds }}
 {{- with .ttl }}
@@ -95,6 +110,10 @@ template:
           - name: {{ printf "SLO_LOADTEST_%s" (upper $key) }}
             value: {{ toString $val | quote }}
           {{- end }}
+          {{- end }}
+          {{- with $lt.extraBody }}
+          - name: SLO_LOADTEST_EXTRA_BODY
+            value: {{ toJson . | quote }}
           {{- end }}
           {{- with $.Values.server.apiKey.existingSecret }}
           - name: SLO_LOADTEST_API_KEY
