@@ -206,3 +206,54 @@ def test_wrappers_pass_any_signature_through() -> None:
     assert load_base64(obj, "video/mp4", base64.b64encode(b"xyz").decode()) == (b"xyz", 32)
     assert load_base64(obj, media_type="video/mp4", data="") == (b"", 32)
     assert Prompt1st.load_bytes(obj, b"q", num_frames=4) == (b"q", 4)
+
+
+def test_video_frames_reach_the_processor_as_arrays_with_the_fast_path(
+    vllm_processor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the fast path on, vLLM's video branch gets zero-copy ArrayFrames (and the fast image
+    processor takes them); with it off, real PIL images. The tensors are equal either way
+    (test_vllm_video_tensors_identical)."""
+    from PIL import Image
+    from vllm.model_executor.models import gemma4_mm
+
+    from gemma4_batched_encoder.media import fast_processor, frames
+
+    assert isinstance(gemma4_mm.PILImage, frames.PILImageShim)
+    made: list[type] = []
+    fromarray = gemma4_mm.PILImage.fromarray
+
+    def spy(obj, mode=None):
+        made.append(type(result := fromarray(obj, mode)))
+        return result
+
+    monkeypatch.setattr(gemma4_mm.PILImage, "fromarray", spy)
+    fast_calls: list[int] = []
+    preprocess = fast_processor.preprocess_uint8
+
+    def counting(images, **kwargs):
+        fast_calls.append(len(images))
+        return preprocess(images, **kwargs)
+
+    monkeypatch.setattr(fast_processor, "preprocess_uint8", counting)
+    video = decoded_video(5, 640, 480, seed=31)
+    stock, fast = stock_and_fast(vllm_processor, {"video": [video]})
+    assert made == [Image.Image] * 5 + [frames.ArrayFrame] * 5
+    assert fast_calls == [5]  # the fast processor handled the array frames, not stock code
+    assert_same_mm_kwargs(stock, fast)
+
+
+def test_array_frame_behaves_like_pil_for_size_only() -> None:
+    from gemma4_batched_encoder.media import frames
+
+    rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    frame = frames.as_frame(rgb)
+    assert frame.size == (6, 4)  # PIL's (width, height)
+    assert np.shares_memory(frame, rgb)  # no copy
+    assert frame[1:].size == 3 * 6 * 3 and (frame + 1).size == 4 * 6 * 3  # derived: plain
+    assert torch.equal(torch.from_numpy(frame), torch.from_numpy(rgb))
+    shim = frames.PILImageShim(lambda: True)
+    assert isinstance(shim.fromarray(rgb), frames.ArrayFrame)
+    assert not isinstance(shim.fromarray(rgb[..., 0]), frames.ArrayFrame)  # grey: real PIL
+    assert not isinstance(frames.PILImageShim(lambda: False).fromarray(rgb), frames.ArrayFrame)
+    assert shim.new("RGB", (2, 2)).size == (2, 2)  # everything else is PIL.Image

@@ -12,6 +12,8 @@ API-server ("frontend") processes, so only there does it patch anything:
   calling thread and restored after: its small memory-bound torch ops (cast to the model dtype,
   cat, the resize) stall in OpenMP barriers when the cores are shared with the engine and other
   API servers (bench/MEDIA.md); none of them change values with the thread count;
+- with the fast path on, vLLM's Gemma 4 video branch hands decoded frames to the processor as
+  arrays instead of PIL images (`frames`: same tensors, no PIL round trip);
 - timing wrappers that record `gemma4_media_preprocess_seconds{stage}` (see `stages`).
 Engine-core and worker processes are left untouched (they see no request media; their processor
 only builds fixed dummy inputs for memory profiling).
@@ -20,7 +22,7 @@ Patch ledger (vLLM 0.32 / transformers 5.19): transformers `Gemma4ImageProcessor
 vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py, or
 vllm/multimodal/video.py before 0.27) and
 `Gemma4MultiModalProcessor._apply_hf_processor_main` (vllm/model_executor/models/gemma4_mm.py),
-the last three for timing only.
+the last three for timing only; `gemma4_mm.PILImage` (see `frames`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import stages
+from . import frames, stages
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
@@ -126,8 +128,13 @@ def install() -> bool:
             return False
         _fast_enabled = fast_ok and fast_path_requested()
         _patch_vllm_timing()
+        array_frames = frames.install(fast_path_enabled)
         _installed = True
-        logger.info("gemma4 media: installed (fast path %s)", "on" if _fast_enabled else "off")
+        logger.info(
+            "gemma4 media: installed (fast path %s, video frames as arrays %s)",
+            "on" if _fast_enabled else "off",
+            "on" if array_frames and _fast_enabled else "off",
+        )
         return True
 
 
