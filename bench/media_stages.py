@@ -475,7 +475,7 @@ def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
     from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
 
     from gemma4_batched_encoder.media import fast_processor, limited_torch_threads
-    from gemma4_batched_encoder.media.frames import as_frame
+    from gemma4_batched_encoder.media.frames import as_frame, patch_processor
 
     processor = _PROCESSORS.get(fast)
     if processor is None:
@@ -489,7 +489,7 @@ def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
         _PROCESSORS[fast] = processor
     with limited_torch_threads(threads):
         # vLLM's video branch: PIL frames, or zero-copy array frames with the fast path (frames.py)
-        to_frame = as_frame if fast else Image.fromarray
+        to_frame = as_frame if fast and patch_processor() else Image.fromarray
         pil = [to_frame(frames[i]) for i in range(frames.shape[0])]
         out = processor(images=pil, max_soft_tokens=70, return_tensors="pt")
         return out["pixel_values"].to(torch.bfloat16), out["image_position_ids"]

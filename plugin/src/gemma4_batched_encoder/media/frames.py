@@ -8,21 +8,27 @@ round trip is ~9 ms of a 6-frame 854x480 video's ~30 ms (bench/MEDIA.md).
 
 With the media fast path on, the module's `PILImage` name is pointed at a shim whose `fromarray`
 returns the frame itself, viewed as an `ArrayFrame`: a zero-copy uint8 [H, W, 3] array that
-answers `.size` the way PIL does, (width, height), for that one line of vLLM. transformers takes
-numpy frames as it takes PIL ones (channels last, uint8), so the pixel values and position ids are
-`torch.equal` to the PIL path's (tests/test_media_install.py compares both through vLLM's real
-processor). Anything else (other modes, dtypes, shapes, the fast path off) gets the real PIL image.
+answers `.size` the way PIL does, (width, height), for that one line of vLLM. The processor's
+`process_image` then turns an ArrayFrame into exactly the tensor `tvF.pil_to_tensor` makes of the
+PIL image (the HWC bytes viewed as CHW, not made contiguous): transformers' own numpy branch
+would copy it into planar CHW, on which the uint8 antialiased resize is twice as slow. Same
+values, same memory layout, so the same kernels and bits downstream (tests/test_media_install.py
+compares both through vLLM's real processor). Anything else (other modes, dtypes, shapes, the
+fast path off) gets the real PIL image.
 
-Patch ledger: `vllm.model_executor.models.gemma4_mm.PILImage` (module attribute). Drop once
-vLLM passes decoded frames through without PIL.
+Patch ledger: `vllm.model_executor.models.gemma4_mm.PILImage` (module attribute) and
+transformers `Gemma4ImageProcessor.process_image` (ArrayFrame only). Drop once vLLM passes
+decoded frames through without PIL.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 
@@ -72,8 +78,44 @@ class PILImageShim:
         return getattr(Image, name)
 
 
+def frame_tensor(frame: ArrayFrame) -> torch.Tensor:
+    """What `tvF.pil_to_tensor(Image.fromarray(frame))` returns, without the two copies."""
+    return torch.from_numpy(np.asarray(frame)).permute(2, 0, 1)
+
+
+def _process_image_taking_frames(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def process_image(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # transformers calls it per image as partial(process_image, **options)(image)
+        if (
+            len(args) == 1
+            and isinstance(args[0], ArrayFrame)
+            and kwargs.get("device") is None
+            and kwargs.get("input_data_format") is None
+        ):
+            return frame_tensor(args[0])  # RGB already: convert_to_rgb is a no-op for it too
+        return original(self, *args, **kwargs)
+
+    process_image._gemma4_frames = True  # type: ignore[attr-defined]
+    return process_image
+
+
+def patch_processor() -> bool:
+    """Let `Gemma4ImageProcessor.process_image` take ArrayFrames (transformers only, no vLLM)."""
+    try:
+        from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+    except ImportError:
+        return False
+    process_image = getattr(Gemma4ImageProcessor, "process_image", None)
+    if process_image is None:
+        return False
+    if not getattr(process_image, "_gemma4_frames", False):
+        Gemma4ImageProcessor.process_image = _process_image_taking_frames(process_image)
+    return True
+
+
 def install(enabled: Callable[[], bool]) -> bool:
-    """Point gemma4_mm's `PILImage` at the shim; False where this vLLM has no such name."""
+    """Point gemma4_mm's `PILImage` at the shim; False where this vLLM or transformers differs."""
     try:
         from vllm.model_executor.models import gemma4_mm
     except ImportError:
@@ -83,5 +125,7 @@ def install(enabled: Callable[[], bool]) -> bool:
         return True
     if current is not Image:
         return False  # not the code this was written against: leave it alone
+    if not patch_processor():
+        return False  # ArrayFrames would take transformers' slower numpy branch
     gemma4_mm.PILImage = PILImageShim(enabled)
     return True
