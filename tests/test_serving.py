@@ -100,3 +100,29 @@ def test_prometheus_scrapes_the_server(vllm_server, prometheus):
     up = prometheus.query('up{job="gemma4-serving"}')
     assert up and up[0]["value"][1] == "1"
     assert prometheus.query("vllm:e2e_request_latency_seconds_count")
+
+
+def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
+    """The chart's topology (server.apiServerCount > 1) serves video, and /metrics sums what the
+    API-server processes preprocessed, whichever of them took each request (multi-process mode)."""
+    import re
+
+    server = vllm_server_factory("api-servers-2", args=["--api-server-count", "2"])
+    n = 4
+    for seed in range(n):
+        url = media.data_url(
+            "video/mp4", media.mp4_bytes(frames=3, width=320, height=240, seed=seed)
+        )
+        assert_ten_tokens(
+            chat(server, [{"type": "text", "text": "describe"}, media.video_part(url)])
+        )
+    text = server.metrics_text()
+    counts = dict(
+        re.findall(r'^gemma4_media_preprocess_seconds_count\{stage="(\w+)"\} (\S+)$', text, re.M)
+    )
+    assert float(counts["video_decode"]) == n
+    assert re.search(r"^gemma4_encoder_calls_total\{path=\"plugin\"\} (\S+)$", text, re.M)
+    success = re.search(
+        r'^vllm:request_success_total\{[^}]*finished_reason="length"[^}]*\} (\S+)$', text, re.M
+    )
+    assert success and float(success.group(1)) == n

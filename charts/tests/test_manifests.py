@@ -59,7 +59,9 @@ def test_scheduling_values_pass_through():
 def test_serve_command_env_and_default_args():
     container = deployment_container(render("default"))
     assert container["command"] == ["/usr/local/bin/gemma4-entrypoint"]
-    assert "args" not in container  # the blog flags come from images/entrypoint.sh
+    # the blog flags come from images/entrypoint.sh; the chart adds only the API servers
+    assert container["args"] == ["--api-server-count", "4"]
+    assert int(container["resources"]["requests"]["cpu"]) >= 4 + 4
     env = env_of(container)
     assert env["MODEL"]["value"] == "google/gemma-4-E4B-it"
     assert env["PORT"]["value"] == "8000"
@@ -69,6 +71,8 @@ def test_serve_command_env_and_default_args():
 def test_extra_args_and_api_server_count():
     container = deployment_container(render("autoscaling-multi-replica"))
     assert container["args"] == ["--api-server-count", "2", "--max-num-seqs", "64"]
+    one = deployment_container(render("default", sets=("server.apiServerCount=null",)))
+    assert "args" not in one  # null: vLLM's own default
 
 
 def test_flag_override_is_appended_verbatim():
@@ -76,7 +80,10 @@ def test_flag_override_is_appended_verbatim():
         "server:\n  extraArgs: [--limit-mm-per-prompt, '{\"image\": 4}', --enable-prefix-caching]\n"
     )
     container = deployment_container(render(values=values))
-    assert container["args"] == ["--limit-mm-per-prompt", '{"image": 4}', "--enable-prefix-caching"]
+    assert container["args"] == [
+        *("--api-server-count", "4"),
+        *("--limit-mm-per-prompt", '{"image": 4}', "--enable-prefix-caching"),
+    ]
 
 
 def test_probes():
