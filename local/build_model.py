@@ -232,6 +232,16 @@ def write_random_weights(out: Path, seed: int) -> None:
 
     torch.manual_seed(seed)
     model = Gemma4ForConditionalGeneration(AutoConfig.from_pretrained(out))
+    # Only the word rows keep their scale: special tokens (first in the vocabulary) and the ids
+    # past the tokenizer's vocabulary (the config rounds vocab_size up) get their tied embedding
+    # rows shrunk, which puts their logits near 0, below the best of 2000 random word logits. So
+    # greedy decoding emits words and streamed text is never empty (special tokens and unknown
+    # ids decode to nothing).
+    n_special = len(set(SPECIAL_TOKENS.values()))
+    with torch.no_grad():
+        embeddings = model.get_input_embeddings().weight
+        embeddings[:n_special] *= 0.01
+        embeddings[n_special + len(WORDS) :] *= 0.01
     # save_pretrained also rewrites config.json; keep ours, take only the weights.
     with tempfile.TemporaryDirectory() as tmp:
         model.to(torch.bfloat16).save_pretrained(tmp)
