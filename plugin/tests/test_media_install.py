@@ -257,8 +257,8 @@ def test_array_frame_behaves_like_pil_for_size_only() -> None:
     assert not isinstance(shim.fromarray(rgb[..., 0]), frames.ArrayFrame)  # grey: real PIL
     assert not isinstance(frames.PILImageShim(lambda: False).fromarray(rgb), frames.ArrayFrame)
     assert shim.new("RGB", (2, 2)).size == (2, 2)  # everything else is PIL.Image
-    # the processor's tensor for a frame: pil_to_tensor's values *and* memory layout (the
-    # layout picks the resize kernel, so it must match for the bits to)
+    # the processor's tensor for a frame: pil_to_tensor's values *and* memory layout (the stock
+    # code resizes each frame as given; another layout could take another kernel)
     from PIL import Image
     from torchvision.transforms.v2 import functional as tvF
 

@@ -11,10 +11,11 @@ returns the frame itself, viewed as an `ArrayFrame`: a zero-copy uint8 [H, W, 3]
 answers `.size` the way PIL does, (width, height), for that one line of vLLM. The processor's
 `process_image` then turns an ArrayFrame into exactly the tensor `tvF.pil_to_tensor` makes of the
 PIL image (the HWC bytes viewed as CHW, not made contiguous): transformers' own numpy branch
-would copy it into planar CHW, on which the uint8 antialiased resize is twice as slow. Same
-values, same memory layout, so the same kernels and bits downstream (tests/test_media_install.py
-compares both through vLLM's real processor). Anything else (other modes, dtypes, shapes, the
-fast path off) gets the real PIL image.
+copies each frame twice (`.contiguous()` before and after the permute), which made plain arrays
+slower than PIL frames, and hands on another memory layout, which the stock code's resize could
+treat differently. Same values, same layout, so the same kernels and bits downstream
+(tests/test_media_install.py compares both through vLLM's real processor). Anything else
+(other modes, dtypes, shapes, the fast path off) gets the real PIL image.
 
 Patch ledger: `vllm.model_executor.models.gemma4_mm.PILImage` (module attribute) and
 transformers `Gemma4ImageProcessor.process_image` (ArrayFrame only). Drop once vLLM passes
