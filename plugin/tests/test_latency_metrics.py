@@ -362,3 +362,17 @@ def test_e2e_histograms_count_real_requests(vllm_server: Any) -> None:
     assert {"model_name": vllm_server.model, "engine": "0"} in [
         {k: v for k, v in lb.items() if k in ("model_name", "engine")} for lb in labels
     ]
+
+
+def test_each_registry_gets_its_own_families_even_at_a_reused_address() -> None:
+    """A registry that is garbage-collected and a new one at the same address (id reuse) must
+    not share histogram families: they were cached by id() once, and a test saw 0 counts."""
+    import gc
+
+    for _ in range(200):
+        reg = CollectorRegistry()
+        lm.latency_histograms(reg).ttft.labels("m", "0").observe(0.1)
+        labels = {"model_name": "m", "engine": "0"}
+        assert _value(reg, f"{lm.TTFT_METRIC}_count", **labels) == 1
+        del reg
+        gc.collect()

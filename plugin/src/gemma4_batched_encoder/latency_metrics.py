@@ -69,6 +69,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -113,7 +114,11 @@ class LatencyHistograms:
 
 
 _lock = threading.Lock()
-_families: dict[int, LatencyHistograms] = {}
+# Keyed by the registry object itself, weakly: an id() key outlives a collected registry, and a
+# new registry that reuses its address would get the old, unregistered families (seen in tests).
+_families: weakref.WeakKeyDictionary[CollectorRegistry, LatencyHistograms] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def latency_histograms(registry: CollectorRegistry | None = None) -> LatencyHistograms:
@@ -125,7 +130,7 @@ def latency_histograms(registry: CollectorRegistry | None = None) -> LatencyHist
     """
     reg = REGISTRY if registry is None else registry
     with _lock:
-        fam = _families.get(id(reg))
+        fam = _families.get(reg)
         if fam is None:
             fam = LatencyHistograms(
                 ttft=Histogram(
@@ -152,7 +157,7 @@ def latency_histograms(registry: CollectorRegistry | None = None) -> LatencyHist
                     registry=reg,
                 ),
             )
-            _families[id(reg)] = fam
+            _families[reg] = fam
         return fam
 
 
