@@ -11,6 +11,8 @@
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
+#                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
+#                                           greedy outputs or TTFT gap)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=/tmp/site
@@ -85,16 +87,19 @@ wait)
 measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
   cd "$REPO"
-  python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
-    --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
-  python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-    --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
+  if [[ -z "${SWEEP_ONLY:-}" ]]; then
+    python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
+      --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
+    python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
+      --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
+  fi
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
     --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary || echo "sweep exit $?"
   grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
-  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^gemma4_" | grep -v _bucket >"$OUT/$name-metrics.txt" || true
+  # Sums and counts only: per-stage means (media stages, encoder, vLLM's queue/prefill/decode).
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$OUT/$name-metrics.txt" || true
   ;;
 *)
   echo "unknown step $cmd" >&2
