@@ -24,9 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from PIL import Image
-from ttft_gap import chat_body  # same directory: run as `python bench/greedy_outputs.py`
-
-from slo_loadtest.media import write_video
+from ttft_gap import chat_body, video_url  # same directory: run as `python bench/greedy_outputs.py`
 
 # (kind, width, height): sizes and aspect ratios that give different soft-token layouts
 CASES: list[tuple[str, int, int]] = [
@@ -47,13 +45,6 @@ def _png_url(rng: np.random.Generator, width: int, height: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _video_url(tmp: Path, key: int, seed: int, width: int, height: int) -> str:
-    path = write_video(
-        tmp / f"g{key}.mp4", key, frames=6, width=width, height=height, fps=2, seed=seed
-    )
-    return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
-
-
 def build_requests(seed: int, model: str, tmp: Path) -> list[dict]:
     rng = np.random.default_rng(seed)
     bodies = []
@@ -63,7 +54,7 @@ def build_requests(seed: int, model: str, tmp: Path) -> list[dict]:
             url = _png_url(rng, width, height)
             content.append({"type": "image_url", "image_url": {"url": url}})
         if "video" in kind:
-            url = _video_url(tmp, i, seed, width, height)
+            url = video_url(i, seed, tmp, width, height)
             content.append({"type": "video_url", "video_url": {"url": url}})
         if kind == "text":
             content = [

@@ -24,8 +24,11 @@ import httpx
 from slo_loadtest.media import write_video
 
 
-def _video_url(key: int, seed: int, tmp: Path) -> str:
-    path = write_video(tmp / f"v{key}.mp4", key, frames=6, width=854, height=480, fps=2, seed=seed)
+def video_url(key: int, seed: int, tmp: Path, width: int = 854, height: int = 480) -> str:
+    """A 6-frame synthetic mp4 as a data URL (also used by greedy_outputs.py)."""
+    path = write_video(
+        tmp / f"v{key}.mp4", key, frames=6, width=width, height=height, fps=2, seed=seed
+    )
     return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
@@ -66,7 +69,7 @@ async def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         n_videos = 3 + args.n + sum(args.burst) * 2
-        videos = [_video_url(i, args.seed, tmp) for i in range(n_videos)]
+        videos = [video_url(i, args.seed, tmp) for i in range(n_videos)]
         video_content = [
             [{"type": "text", "text": "describe"}, {"type": "video_url", "video_url": {"url": v}}]
             for v in videos
