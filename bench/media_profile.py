@@ -31,8 +31,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mp4 = write_video(Path(tmp) / "v.mp4", 1, frames=6, width=854, height=480, fps=2, seed=1)
         video = ms.decode_frames(mp4.read_bytes())
-    ms._processor_core(video, True, 1)  # builds the fast processor
-    processor = ms._PROCESSORS[True]
+    processor = ms.image_processor(True)
     variants = {"pil_frames": Image.fromarray, "array_frames": array_frames.as_frame}
 
     def run(name: str) -> dict:

@@ -468,25 +468,34 @@ def decode_frames(mp4: bytes) -> np.ndarray:
     return np.stack(frames)
 
 
-def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
-    """vLLM 0.32's video-branch core: frames -> PIL -> image processor (70 tokens) -> bf16."""
-    import torch
-    from PIL import Image
-    from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
-
-    from gemma4_batched_encoder.media import fast_processor, limited_torch_threads
-    from gemma4_batched_encoder.media.frames import as_frame, patch_processor
-
+def image_processor(fast: bool) -> Any:
+    """The Gemma4ImageProcessor used here, stock or with the plugin's fast _preprocess; one each."""
     processor = _PROCESSORS.get(fast)
     if processor is None:
+        from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+
         processor = Gemma4ImageProcessor()
         if fast:
             import types
+
+            from gemma4_batched_encoder.media import fast_processor
 
             stock = Gemma4ImageProcessor._preprocess
             fn = fast_processor.make_fast_preprocess(stock, lambda: True)
             processor._preprocess = types.MethodType(fn, processor)
         _PROCESSORS[fast] = processor
+    return processor
+
+
+def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
+    """vLLM 0.32's video-branch core: frames -> PIL -> image processor (70 tokens) -> bf16."""
+    import torch
+    from PIL import Image
+
+    from gemma4_batched_encoder.media import limited_torch_threads
+    from gemma4_batched_encoder.media.frames import as_frame, patch_processor
+
+    processor = image_processor(fast)
     with limited_torch_threads(threads):
         # vLLM's video branch: PIL frames, or zero-copy array frames with the fast path (frames.py)
         to_frame = as_frame if fast and patch_processor() else Image.fromarray
@@ -598,7 +607,7 @@ def cuda_stages(videos: list[np.ndarray], reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pixel_values, _ = _processor_core(videos[0], True, 1)
     # uint8 patches of the same frames: what a uint8 hand-off would send (rescale undone exactly).
-    fp32 = _PROCESSORS[True](images=list(videos[0]), max_soft_tokens=70, return_tensors="pt")[
+    fp32 = image_processor(True)(images=list(videos[0]), max_soft_tokens=70, return_tensors="pt")[
         "pixel_values"
     ]
     u8 = torch.round(fp32 * 255).to(torch.uint8)
