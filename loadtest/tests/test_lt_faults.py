@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from lt_cli import run_argv
 from lt_recording_server import RecordingServer
 
 from slo_loadtest.config import SweepConfig
@@ -28,12 +29,7 @@ def test_unreachable_target_gives_partial_report_and_exit_3(tmp_path: Path) -> N
     out = tmp_path / "out"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slo_loadtest.cli",
-            "run",
-            "--target",
+        run_argv(
             f"http://127.0.0.1:{_closed_port()}",
             "--rates",
             "1,2",
@@ -43,7 +39,7 @@ def test_unreachable_target_gives_partial_report_and_exit_3(tmp_path: Path) -> N
             "0",
             "--out",
             str(out),
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=120,
@@ -145,12 +141,7 @@ def test_sigterm_mid_rate_kills_guidellm_and_writes_partial_report(tmp_path: Pat
     out = tmp_path / "out"
     with RecordingServer() as srv:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slo_loadtest.cli",
-                "run",
-                "--target",
+            run_argv(
                 srv.url,
                 "--model",
                 srv.model,
@@ -168,7 +159,7 @@ def test_sigterm_mid_rate_kills_guidellm_and_writes_partial_report(tmp_path: Pat
                 "1",
                 "--out",
                 str(out),
-            ],
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -8,10 +8,10 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from lt_cli import run_argv
 from lt_recording_server import RecordingServer
 
 from slo_loadtest import guidellm_adapter as gl
@@ -168,12 +168,7 @@ def test_scenario_validates_with_guidellms_own_model(tmp_path: Path) -> None:
 def _run_cli(srv: RecordingServer, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """`slo-loadtest run`, one text rate, as a user runs it (a subprocess)."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slo_loadtest.cli",
-            "run",
-            "--target",
+        run_argv(
             srv.url,
             "--workloads",
             "text",
@@ -191,7 +186,7 @@ def _run_cli(srv: RecordingServer, out: Path, *extra: str) -> subprocess.Complet
             "--out",
             str(out),
             *extra,
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=300,
