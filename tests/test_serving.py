@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -105,8 +107,6 @@ def test_prometheus_scrapes_the_server(vllm_server, prometheus):
 def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
     """The chart's topology (server.apiServerCount > 1) serves video, and /metrics sums what the
     API-server processes preprocessed, whichever of them took each request (multi-process mode)."""
-    import re
-
     server = vllm_server_factory("api-servers-2", args=["--api-server-count", "2"])
     n = 4
     for seed in range(n):
