@@ -150,3 +150,31 @@ def test_self_check_switches_to_stock_pooler_when_batched_one_drifts(tower, monk
     assert enc.pooler_impl(torch.device("cpu"), dtype) == "stock"
     pvs, pps = H.batch([H.FRAME_480P] * 2 + [H.image(140)], dtype, seed=22)
     assert_identical(enc.encode(pvs, pps), serial_per_item(tower, pvs, pps))
+
+
+def test_encoder_cached_per_tower_and_freed_with_it(monkeypatch):
+    """encode_frames builds one encoder per tower, reuses it, and keeps neither alive once the
+    caller drops the tower (a cache keyed by id() kept every tower it ever saw)."""
+    import gc
+    import weakref
+
+    from gemma4_batched_encoder import encoder as encoder_module
+
+    built: list[weakref.ref] = []
+
+    class Recording(encoder_module.BatchedVisionEncoder):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
+    monkeypatch.setattr(encoder_module, "BatchedVisionEncoder", Recording)
+    vt = H.tower(torch.float32, seed=6)
+    pvs, pps = H.batch([H.FRAME_480P, H.image(70)], torch.float32, seed=23)
+    first = encode_frames(vt, pvs, pps)
+    assert_identical(encode_frames(vt, pvs, pps), first)
+    assert len(built) == 1, "the second call with the same tower built another encoder"
+    tower_ref = weakref.ref(vt)
+    del vt, first
+    gc.collect()
+    assert tower_ref() is None, "the encoder cache keeps a deleted tower alive"
+    assert built[0]() is None, "the encoder outlived its tower"

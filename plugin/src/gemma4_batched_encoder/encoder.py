@@ -141,7 +141,8 @@ def _calibrate(vt: nn.Module, device: torch.device, dtype: torch.dtype) -> Poole
     )
 
 
-_ENCODERS: dict[int, BatchedVisionEncoder] = {}
+# Cached on the tower (a cycle gc frees): a WeakKeyDictionary value holding .vt pins its key.
+_ENCODER_ATTR = "_gemma4_batched_encoder"
 
 
 def encode_frames(
@@ -163,7 +164,8 @@ def encode_frames(
     if settings is not None:
         encoder = BatchedVisionEncoder(vision_tower, settings)
     else:
-        encoder = _ENCODERS.get(id(vision_tower))
-        if encoder is None or encoder.vt is not vision_tower:
-            encoder = _ENCODERS[id(vision_tower)] = BatchedVisionEncoder(vision_tower)
+        encoder = getattr(vision_tower, _ENCODER_ATTR, None)
+        if encoder is None:
+            encoder = BatchedVisionEncoder(vision_tower)
+            setattr(vision_tower, _ENCODER_ATTR, encoder)
     return encoder.encode(pixel_values, pixel_position_ids, valid_tokens, mode)
