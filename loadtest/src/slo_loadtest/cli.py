@@ -450,7 +450,7 @@ def compare(configs: tuple[str, ...], out: Path, slo_ms: float, workloads: str |
             for c in loaded
         ]
         path = out / cmp.plot_name(w)
-        plots.append(str(plot_compare(w, series, [c.slo_ms for c in loaded], path)))
+        plots.append(str(plot_compare(w, series, cmp.slo_lines(loaded, w), path)))
     md = out / cmp.MD_NAME
     md.write_text(cmp.to_markdown(loaded, names, plots))
     click.echo("\n".join(cmp.tables(loaded, names)))

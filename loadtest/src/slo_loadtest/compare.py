@@ -268,6 +268,17 @@ def slo_line(configs: list[Config]) -> str:
     return f"SLO differs between configs ({each}); each passed or failed against its own"
 
 
+def slo_lines(configs: list[Config], workload: str) -> list[tuple[float, str]]:
+    """(SLO ms, legend label) per distinct SLO of the configs that ran the workload."""
+    by_slo: dict[float, list[str]] = {}
+    for c in configs:
+        if workload in c.points:
+            by_slo.setdefault(c.slo_ms, []).append(c.label)
+    if len(by_slo) == 1:
+        return [(slo, f"SLO {slo:g} ms") for slo in by_slo]
+    return [(slo, f"SLO {slo:g} ms ({', '.join(labels)})") for slo, labels in by_slo.items()]
+
+
 def tables(configs: list[Config], workloads: list[str]) -> list[str]:
     """The part printed on stdout: the SLO and every table."""
     lines = [slo_line(configs), ""]

@@ -83,7 +83,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 def plot_compare(
     workload: str,
     series: list[tuple[str, ComparePoints]],  # empty points: the config did not run it
-    slos: list[float],
+    slos: list[tuple[float, str]],  # (SLO ms, legend label)
     path: Path,
 ) -> Path:
     """``slo-loadtest compare``'s figure: p95 total latency against rate for one workload, one
@@ -104,8 +104,8 @@ def plot_compare(
         failed = [(x, y) for x, y, ok in pts if not ok]
         if failed:  # hollow over the filled marker
             ax.plot(*zip(*failed, strict=True), marker, color=color, markerfacecolor="white")
-    for slo in sorted(set(slos)):
-        ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO {slo:g} ms")
+    for (slo, label), style in zip(slos, ("--", ":", "-.") * len(slos), strict=False):
+        ax.axhline(slo, color="black", linestyle=style, linewidth=1, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("p95 total request latency (ms)")
