@@ -1,8 +1,10 @@
-"""``slo-loadtest``: run a sweep, re-judge saved results, drive the load-test Job in a cluster.
+"""``slo-loadtest``: run a sweep, re-judge saved results, compare sweeps, drive the load-test Job
+in a cluster.
 
 Exit codes of ``run``, ``job`` and ``analyze``: 0 the verdict passed, 1 it failed (the required
 rate was not met; with no ``--require-rate``, some rate failed), 2 bad usage, 3 the sweep is
-incomplete (server unreachable or died, guidellm failed) and the report is partial.
+incomplete (server unreachable or died, guidellm failed) and the report is partial. ``compare``:
+0, or 2 on bad input.
 """
 
 from __future__ import annotations
@@ -429,11 +431,11 @@ class _InputError(click.ClickException):
     help="Comma list of workloads to compare (default: every workload in the inputs).",
 )
 def compare(configs: tuple[str, ...], out: Path, slo_ms: float, workloads: str | None) -> None:
-    """Put sweeps side by side: LABEL=PATH per sweep, PATH a run directory or its results.csv.
+    """Put sweeps side by side ("did my change help?").
 
-    Per workload, p95 total latency and pass/fail per rate and config, and each config's highest
-    passing rate; pass/fail is as each run judged it. Exit 0, or 2 on bad input (nothing is
-    written then)."""
+    One LABEL=PATH per sweep, PATH a run directory or its results.csv. Per workload, p95 total
+    latency and pass/fail per rate and config, and each config's highest passing rate; pass/fail
+    is as each run judged it. Exit 0, or 2 on bad input (nothing is written then)."""
     from slo_loadtest import compare as cmp
     from slo_loadtest.plots import plot_compare
 
