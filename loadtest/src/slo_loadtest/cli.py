@@ -445,7 +445,7 @@ def compare(configs: tuple[str, ...], out: Path, slo_ms: float, workloads: str |
     except cmp.CompareError as exc:
         raise _InputError(str(exc)) from None
     # everything is read and checked before the first write
-    plots = []
+    plots: list[str] = []
     for w in names:
         series = [
             (c.label, [(p.rate, p.latency_p95_ms, p.passed) for p in c.points.get(w, {}).values()])
