@@ -1,8 +1,10 @@
-"""``slo-loadtest``: run a sweep, re-judge saved results, drive the load-test Job in a cluster.
+"""``slo-loadtest``: run a sweep, re-judge saved results, compare sweeps, drive the load-test Job
+in a cluster.
 
 Exit codes of ``run``, ``job`` and ``analyze``: 0 the verdict passed, 1 it failed (the required
 rate was not met; with no ``--require-rate``, some rate failed), 2 bad usage, 3 the sweep is
-incomplete (server unreachable or died, guidellm failed) and the report is partial.
+incomplete (server unreachable or died, guidellm failed) and the report is partial. ``compare``:
+0, or 2 on bad input.
 """
 
 from __future__ import annotations
@@ -399,6 +401,62 @@ def analyze(
     from slo_loadtest.outputs import summary_block
 
     sys.exit(_finish(summary, out, with_plots, pushgateway, "slo_loadtest", False, summary_block))
+
+
+class _InputError(click.ClickException):
+    """Bad input found after parsing: one 'Error: ...' line, exit 2 like a usage error."""
+
+    exit_code = EXIT_USAGE
+
+
+@cli.command()
+@click.argument("configs", nargs=-1, required=True, metavar="LABEL=PATH...")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="Write compare.md and compare-<workload>.png here.",
+)
+@click.option(
+    "--slo-ms",
+    type=float,
+    default=Criteria.slo_ms,
+    show_default=True,
+    callback=_bad(VALIDATORS["slo_ms"]),
+    help="SLO (ms) shown and drawn for a config without summary.json; one with it uses its own.",
+)
+@click.option(
+    "--workloads",
+    default=None,
+    help="Comma list of workloads to compare (default: every workload in the inputs).",
+)
+def compare(configs: tuple[str, ...], out: Path, slo_ms: float, workloads: str | None) -> None:
+    """Put sweeps side by side ("did my change help?").
+
+    One LABEL=PATH per sweep, PATH a run directory or its results.csv. Per workload, p95 total
+    latency and pass/fail per rate and config, and each config's highest passing rate; pass/fail
+    is as each run judged it. Exit 0, or 2 on bad input (nothing is written then)."""
+    from slo_loadtest import compare as cmp
+    from slo_loadtest.plots import plot_compare
+
+    try:
+        loaded = cmp.load_configs(list(configs), slo_ms)
+        names = cmp.select_workloads(loaded, workloads)
+    except cmp.CompareError as exc:
+        raise _InputError(str(exc)) from None
+    # everything is read and checked before the first write
+    plots: list[str] = []
+    for w in names:
+        series = [
+            (c.label, [(p.rate, p.latency_p95_ms, p.passed) for p in c.points.get(w, {}).values()])
+            for c in loaded
+        ]
+        path = out / cmp.plot_name(w)
+        plots.append(str(plot_compare(w, series, cmp.slo_lines(loaded, w), path)))
+    md = out / cmp.MD_NAME
+    md.write_text(cmp.to_markdown(loaded, names, plots))
+    click.echo("\n".join(cmp.tables(loaded, names)))
+    click.echo(f"wrote {md} and {len(plots)} plot(s)", err=True)
 
 
 def main() -> None:

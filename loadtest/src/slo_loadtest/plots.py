@@ -73,3 +73,47 @@ def plot_summary(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
 
 def _positive(v: Any) -> bool:
     return isinstance(v, int | float) and v > 0
+
+
+# One (rate, p95 total latency ms or None, passed) per rate a configuration ran.
+ComparePoints = list[tuple[float, float | None, bool]]
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def plot_compare(
+    workload: str,
+    series: list[tuple[str, ComparePoints]],  # empty points: the config did not run it
+    slos: list[tuple[float, str]],  # (SLO ms, legend label)
+    path: Path,
+) -> Path:
+    """``slo-loadtest compare``'s figure: p95 total latency against rate for one workload, one
+    line per configuration (colour and marker by its position, so a config looks the same in
+    every workload's figure), log y, the SLO line(s); filled markers passed, hollow failed."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, (label, points) in enumerate(series):
+        if not points:  # this config did not run the workload
+            continue
+        color, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
+        pts = sorted((x, y, ok) for x, y, ok in points if _positive(y))
+        if not pts:
+            ax.plot([], [], "-", color=color, marker=marker, label=f"{label} (no p95 latency)")
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.plot(xs, ys, "-", color=color, marker=marker, label=label)
+        failed = [(x, y) for x, y, ok in pts if not ok]
+        if failed:  # hollow over the filled marker
+            ax.plot(*zip(*failed, strict=True), marker, color=color, markerfacecolor="white")
+    for (slo, label), style in zip(slos, ("--", ":", "-.") * len(slos), strict=False):
+        ax.axhline(slo, color="black", linestyle=style, linewidth=1, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("p95 total request latency (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{workload}: configurations compared (filled = rate passed)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
