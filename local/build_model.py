@@ -190,6 +190,9 @@ def model_config(
     return {
         "architectures": ["Gemma4ForConditionalGeneration"],
         "model_type": "gemma4",
+        # Without a transformers_version >= 5, transformers 5 takes a local tokenizer of more than
+        # 100000 ids (E4B's, with the fillers) for an old Mistral one and warns of a bad regex.
+        "transformers_version": "5.5.0",
         "dtype": "bfloat16",
         "text_config": text_config,
         "vision_config": {"model_type": "gemma4_vision", **vision},
