@@ -5,11 +5,19 @@ the real processor (image, video and audio-feature sections), a word-level token
 every special token the Gemma 4 processor looks up, and a chat template that emits the image and
 video placeholders per content item.
 
+Tokenizer ids: the special tokens first, then `WORDS` (w0..w1999 and a few words; prompts are
+made of these), then filler tokens `x_<id>` up to the config's `vocab_size` (4096 for the tiny
+text preset, 262144 for E4B). So every id the model can emit decodes to non-empty text: a model
+sampling from near-uniform logits (dummy weights) streams content, and a load test can measure
+TTFT and ITL. The fillers are not alphanumeric, so a load test that picks prompt words from the
+tokenizer's vocabulary (slo_loadtest.prompts) still picks only `WORDS`.
+
 Weights: `--weights random` writes seeded transformers-initialised weights (std 0.02; ~1 MB for
 the tiny presets), so outputs depend on every input and a changed image embedding changes the
-logprobs. `--weights dummy` writes none: vLLM's `--load-format dummy` fills them with
-uniform(-1e-3, 1e-3), which costs nothing at E4B size but makes every logit nearly equal (the
-model emits `<pad>` whatever it is shown), so it is for timing only.
+logprobs; their special and filler rows are shrunk so greedy outputs are `WORDS`. `--weights
+dummy` writes none: vLLM's `--load-format dummy` fills them with uniform(-1e-3, 1e-3), which
+costs nothing at E4B size but makes every logit nearly equal (greedy decoding emits `<pad>`
+whatever the model is shown; sampling emits mostly fillers), so it is for timing only.
 
     python local/build_model.py --vision tiny --text tiny --weights random --out .cache/models/tiny
     python local/build_model.py --vision e4b  --text e4b  --out /tmp/gemma4-e4b-dummy
@@ -54,6 +62,8 @@ SPECIAL_TOKENS: dict[str, str] = {
 # Ordinary words: prompts made of these tokenize to exactly one token per word, so a load test
 # can size a ~500-token prompt without a model-specific tokenizer.
 WORDS = [f"w{i}" for i in range(2000)] + ["user", "model", "system", "video", "image", "describe"]
+# Filler token of each id past specials + WORDS: never a special (<...>) or a word (w<n>, letters).
+FILLER = "x_{}"
 
 TEXT_PRESETS: dict[str, dict[str, Any]] = {
     # Two layers, hidden 64: starts in ~40 s and answers in ~0.1 s on 2 CPU cores.
@@ -120,10 +130,23 @@ def _vision_presets() -> dict[str, dict[str, Any]]:
     return VISION_PRESETS
 
 
-def build_tokenizer(out: Path) -> dict[str, int]:
-    """Write tokenizer.json + tokenizer_config.json; return the special tokens' ids."""
+def vocab_size(text: dict[str, Any]) -> int:
+    """The model's vocabulary: E4B's 262144 for large text presets, 4096 for small ones."""
+    return 262144 if text["hidden_size"] >= 1024 else 4096
+
+
+def build_tokenizer(out: Path, size: int) -> dict[str, int]:
+    """Write tokenizer.json + tokenizer_config.json; return the special tokens' ids.
+
+    The vocabulary has exactly `size` ids: specials, WORDS, then fillers (see the module doc)."""
     specials = list(dict.fromkeys(SPECIAL_TOKENS.values()))
-    vocab = {tok: i for i, tok in enumerate(specials + WORDS)}
+    named = specials + WORDS
+    if size < len(named):
+        raise ValueError(f"vocab_size {size} is smaller than the {len(named)} named tokens")
+    vocab = {tok: i for i, tok in enumerate(named)}
+    vocab.update((FILLER.format(i), i) for i in range(len(named), size))
+    if len(vocab) != size:
+        raise ValueError("a filler token collides with a special token or a word")
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(specials)
@@ -143,12 +166,13 @@ def build_tokenizer(out: Path) -> dict[str, int]:
     return {name: vocab[token] for name, token in SPECIAL_TOKENS.items()}
 
 
-def model_config(text: dict[str, Any], vision: dict[str, Any], ids: dict[str, int]) -> dict:
-    vocab_size = 262144 if text["hidden_size"] >= 1024 else 4096
+def model_config(
+    text: dict[str, Any], vision: dict[str, Any], ids: dict[str, int], size: int
+) -> dict:
     text_config = {
         "model_type": "gemma4_text",
-        "vocab_size": vocab_size,
-        "vocab_size_per_layer_input": vocab_size,
+        "vocab_size": size,
+        "vocab_size_per_layer_input": size,
         "hidden_activation": "gelu_pytorch_tanh",
         "rms_norm_eps": 1e-6,
         "final_logit_softcapping": 30.0,
@@ -166,6 +190,9 @@ def model_config(text: dict[str, Any], vision: dict[str, Any], ids: dict[str, in
     return {
         "architectures": ["Gemma4ForConditionalGeneration"],
         "model_type": "gemma4",
+        # Without a transformers_version >= 5, transformers 5 takes a local tokenizer of more than
+        # 100000 ids (E4B's, with the fillers) for an old Mistral one and warns of a bad regex.
+        "transformers_version": "5.5.0",
         "dtype": "bfloat16",
         "text_config": text_config,
         "vision_config": {"model_type": "gemma4_vision", **vision},
@@ -232,11 +259,11 @@ def write_random_weights(out: Path, seed: int) -> None:
 
     torch.manual_seed(seed)
     model = Gemma4ForConditionalGeneration(AutoConfig.from_pretrained(out))
-    # Only the word rows keep their scale: special tokens (first in the vocabulary) and the ids
-    # past the tokenizer's vocabulary (the config rounds vocab_size up) get their tied embedding
-    # rows shrunk, which puts their logits near 0, below the best of 2000 random word logits. So
-    # greedy decoding emits words and streamed text is never empty (special tokens and unknown
-    # ids decode to nothing).
+    # Only the word rows keep their scale: special tokens (first in the vocabulary) and the
+    # fillers after WORDS (up to the config's vocab_size) get their tied embedding rows shrunk,
+    # which puts their logits near 0, below the best of 2000 random word logits. So greedy
+    # decoding emits words: streamed text is never empty (special tokens decode to nothing) and
+    # is made of WORDS, not fillers (which would decode to x_<id>).
     n_special = len(set(SPECIAL_TOKENS.values()))
     with torch.no_grad():
         embeddings = model.get_input_embeddings().weight
@@ -267,10 +294,12 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.safetensors*"):
         stale.unlink()
-    ids = build_tokenizer(out)
+    text = TEXT_PRESETS[text_preset]
+    size = vocab_size(text)
+    ids = build_tokenizer(out, size)
     vision = dict(vision_presets[vision_preset])
     files = {
-        "config.json": model_config(TEXT_PRESETS[text_preset], vision, ids),
+        "config.json": model_config(text, vision, ids, size),
         "processor_config.json": processor_config(vision),
         "generation_config.json": {
             "bos_token_id": ids["bos_token"],

@@ -1,0 +1,100 @@
+"""local/build_model.py: every id the model can emit decodes to text; specials and WORDS keep
+their ids; the tiny random model's greedy outputs are WORDS."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from tokenizers import Tokenizer, decoders
+
+import build_model  # local/build_model.py (root conftest puts local/ on sys.path)
+import media
+
+SPECIALS = list(dict.fromkeys(build_model.SPECIAL_TOKENS.values()))
+# The ids the tiny random model's weights (and any cached load-test result) were made with.
+PINNED = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<turn|>": 6, "<|image|>": 12}
+PINNED |= {"<|video|>": 16, "w0": 17, "w1999": 2016, "user": 2017, "describe": 2022}
+
+
+@pytest.fixture(scope="module", params=["tiny", "e4b"])
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(preset, model dir) without weights: tokenizer and config only, about a second for E4B."""
+    preset = request.param
+    out = build_model.build(preset, preset, tmp_path_factory.mktemp(preset), weights="dummy")
+    return preset, out
+
+
+def test_every_id_decodes_to_text_except_specials(built) -> None:
+    from transformers import AutoTokenizer
+
+    preset, out = built
+    config = json.loads((out / "config.json").read_text())
+    size = config["text_config"]["vocab_size"]
+    assert size == {"tiny": 4096, "e4b": 262144}[preset]
+    assert config["text_config"]["vocab_size_per_layer_input"] == size
+    tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert len(tok) == size
+    texts = tok.batch_decode([[i] for i in range(size)], skip_special_tokens=True)
+    assert [i for i, text in enumerate(texts) if not text] == list(range(len(SPECIALS)))
+    assert len(set(texts[len(SPECIALS) :])) == size - len(SPECIALS)  # each id its own text
+    named = len(SPECIALS) + len(build_model.WORDS)
+    assert texts[len(SPECIALS) : named] == build_model.WORDS
+    assert texts[named] == f"x_{named}" and texts[-1] == f"x_{size - 1}"
+
+
+def test_specials_and_words_keep_their_ids(built) -> None:
+    _, out = built
+    vocab = Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab()
+    assert [vocab[t] for t in SPECIALS + build_model.WORDS] == list(range(2023))
+    assert {t: vocab[t] for t in PINNED} == PINNED
+    config = json.loads((out / "config.json").read_text())
+    assert config["image_token_id"] == 12 and config["video_token_id"] == 16
+    assert config["eos_token_id"] == [1, 6] and config["text_config"]["pad_token_id"] == 0
+
+
+def test_sampled_ids_stream_text_as_vllm_detokenizes_them(built) -> None:
+    """vLLM's incremental detokenizer (a DecodeStream primed with the prompt) yields text for
+    every sampled id past the specials, which is what a load test's TTFT and ITL need."""
+    _, out = built
+    size = json.loads((out / "config.json").read_text())["text_config"]["vocab_size"]
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    prompt = tok.encode("<bos><|turn>user\nw1 w2<turn|>\n<|turn>model\n").ids
+    assert tok.token_to_id("<unk>") not in prompt
+    stream = decoders.DecodeStream(ids=prompt, skip_special_tokens=True)
+    rng = random.Random(0)
+    sampled = [rng.randrange(len(SPECIALS), size) for _ in range(200)]
+    assert all(stream.step(tok, i) for i in sampled)
+
+
+def test_prompt_words_from_the_tokenizer_are_words(built) -> None:
+    """Fillers are not alphanumeric, so load-test prompts stay made of WORDS."""
+    from slo_loadtest.prompts import PromptBuilder
+
+    _, out = built
+    builder = PromptBuilder(100, seed=1, tokenizer_path=out)
+    assert builder.exact and set(builder.words) == set(build_model.WORDS)
+
+
+@pytest.mark.e2e
+def test_tiny_random_model_greedy_outputs_are_words(vllm_server) -> None:
+    """The shrunk special and filler rows keep the random model's greedy tokens real WORDS."""
+    import httpx
+
+    url = media.data_url("image/png", media.png_bytes(320, 240, seed=3))
+    contents = [
+        " ".join(f"w{i * 7 % 2000}" for i in range(60)),
+        [{"type": "text", "text": "describe"}, media.image_part(url)],
+    ]
+    words = set(build_model.WORDS)
+    for content in contents:
+        body = {
+            "model": vllm_server.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 10, "min_tokens": 10, "ignore_eos": True, "temperature": 0.0,
+        }  # fmt: skip
+        resp = httpx.post(f"{vllm_server.base_url}/chat/completions", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        text = resp.json()["choices"][0]["message"]["content"]
+        assert len(text.split()) == 10 and set(text.split()) <= words, text
