@@ -101,6 +101,8 @@ NO_CONTENT_HINT = (
     "a model that emits only special tokens (dummy weights) streams no text, because vLLM drops "
     "special tokens from streamed text; for such a model pass "
     """--extra-body '{"skip_special_tokens": false}'"""
+    "; ids its tokenizer does not name decode to nothing as well (a test tokenizer smaller than "
+    "the model's vocabulary)"
 )
 
 
