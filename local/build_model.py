@@ -21,6 +21,8 @@ whatever the model is shown; sampling emits mostly fillers), so it is for timing
 
     python local/build_model.py --vision tiny --text tiny --weights random --out .cache/models/tiny
     python local/build_model.py --vision e4b  --text e4b  --out /tmp/gemma4-e4b-dummy
+    python local/build_model.py --vision e4b  --text e4b  --weights random --device cuda \
+        --out /tmp/gemma4-e4b       # on a GPU host: real logits at E4B size (~16 GB)
 
 Vision presets come from the plugin (`gemma4_batched_encoder.presets.VISION_PRESETS`) so the
 verifier, the benchmarks and the served model agree on what `tiny` and `e4b` mean.
@@ -250,15 +252,20 @@ def processor_config(vision: dict[str, Any]) -> dict:
     }
 
 
-def write_random_weights(out: Path, seed: int) -> None:
-    """model.safetensors with transformers' own initialisation of this config, in bf16."""
+def write_random_weights(out: Path, seed: int, device: str = "cpu") -> None:
+    """model.safetensors with transformers' own initialisation of this config, in bf16.
+
+    ``device="cuda"`` builds and initialises the model on the GPU: E4B (~8B parameters, 32 GB in
+    fp32 while initialising) then takes seconds instead of many CPU minutes. The values depend on
+    the device's random generator, so a seed names one set of weights per device."""
     import tempfile
 
     import torch
     from transformers import AutoConfig, Gemma4ForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(AutoConfig.from_pretrained(out))
+    with torch.device(device):
+        model = Gemma4ForConditionalGeneration(AutoConfig.from_pretrained(out))
     # Only the word rows keep their scale: special tokens (first in the vocabulary) and the
     # fillers after WORDS (up to the config's vocab_size) get their tied embedding rows shrunk,
     # which puts their logits near 0, below the best of 2000 random word logits. So greedy
@@ -282,7 +289,12 @@ def has_weights(model_dir: Path) -> bool:
 
 
 def build(
-    vision_preset: str, text_preset: str, out: Path, weights: str = "dummy", seed: int = 0
+    vision_preset: str,
+    text_preset: str,
+    out: Path,
+    weights: str = "dummy",
+    seed: int = 0,
+    device: str = "cpu",
 ) -> Path:
     vision_presets = _vision_presets()
     if vision_preset not in vision_presets:
@@ -310,7 +322,7 @@ def build(
     for name, content in files.items():
         (out / name).write_text(json.dumps(content, indent=2) + "\n")
     if weights == "random":
-        write_random_weights(out, seed)
+        write_random_weights(out, seed, device)
     return out
 
 
@@ -330,11 +342,15 @@ def main(argv: list[str] | None = None) -> int:
         "--weights",
         choices=("dummy", "random"),
         default="dummy",
-        help="random: write seeded weights (small presets); dummy: none (--load-format dummy)",
+        help="random: write seeded weights (E4B: ~16 GB, use --device cuda); "
+        "dummy: none (--load-format dummy)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --weights random")
+    parser.add_argument(
+        "--device", default="cpu", help="where --weights random initialises: cpu | cuda"
+    )
     args = parser.parse_args(argv)
-    path = build(args.vision, args.text, args.out, args.weights, args.seed)
+    path = build(args.vision, args.text, args.out, args.weights, args.seed, args.device)
     print(path)
     return 0
 

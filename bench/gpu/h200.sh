@@ -7,7 +7,7 @@
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
 #   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
-#   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, dummy weights) in the background
+#   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
@@ -16,8 +16,12 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=/tmp/site
-MODEL_DIR=/tmp/gemma4-e4b-dummy
-SERVED=gemma-4-E4B-it-dummy
+# WEIGHTS=random (default): seeded E4B weights written on the GPU (~16 GB, ~1 min), so logits are
+# real: greedy outputs compare meaningfully and sampled tokens stream text (TTFT/ITL measurable).
+# WEIGHTS=dummy: vLLM's --load-format dummy (uniform logits; timing only, as in the 2026-11 runs).
+WEIGHTS="${WEIGHTS:-random}"
+MODEL_DIR="/tmp/gemma4-e4b-$WEIGHTS"
+SERVED="gemma-4-E4B-it-$WEIGHTS"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
@@ -37,7 +41,9 @@ install)
   cat /tmp/parts/part-* | tar -x -C /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
-  python3 "$REPO/local/build_model.py" --vision e4b --text e4b --out "$MODEL_DIR"
+  python3 "$REPO/local/build_model.py" --vision e4b --text e4b --weights "$WEIGHTS" --device cuda \
+    --out "$MODEL_DIR"
+  du -sh "$MODEL_DIR"
   python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
@@ -62,7 +68,9 @@ serve)
     for kv in "$@"; do export "${kv?}"; done
     export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port" VLLM_LAUNCHER="python3 -m vllm.entrypoints.cli.main serve"
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
-    export VLLM_EXTRA_ARGS="--load-format dummy --served-model-name $SERVED --max-model-len 8192 ${EXTRA_ARGS:-}"
+    load=""
+    compgen -G "$MODEL_DIR/*.safetensors" >/dev/null || load="--load-format dummy"
+    export VLLM_EXTRA_ARGS="$load --served-model-name $SERVED --max-model-len 8192 ${EXTRA_ARGS:-}"
     setsid nohup "$REPO/images/entrypoint.sh" >"/tmp/vllm-$name.log" 2>&1 &
     echo "$! /tmp/vllm-$name.log" >"/tmp/port-$port"
   )
