@@ -52,7 +52,7 @@ lint: venv ## ruff, dashboards up to date, shell scripts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) dashboards/generate.py --check
-	bash -n images/entrypoint.sh scripts/*.sh
+	bash -n images/entrypoint.sh scripts/*.sh bench/gpu/*.sh
 
 # ---- the rest --------------------------------------------------------------------------------
 .PHONY: up
