@@ -50,8 +50,10 @@ sys.path.insert(0, str(ROOT / "plugin" / "src"))
 VARIANTS = ("stock", "stock_1thread", "fast")
 
 
-def realistic_mp4(seed: int, frames: int = 6, width: int = 640, height: int = 480) -> bytes:
-    """A 2 fps mp4 (mp4v, what vLLM's OpenCV loader decodes) of a moving, textured scene."""
+def realistic_mp4(
+    seed: int, frames: int = 6, width: int = 640, height: int = 480, fourcc: str = "mp4v"
+) -> bytes:
+    """A 2 fps mp4 (default mp4v; VP90 also writes here) of a moving, textured scene."""
     import tempfile
 
     rng = np.random.default_rng(seed)
@@ -67,7 +69,9 @@ def realistic_mp4(seed: int, frames: int = 6, width: int = 640, height: int = 48
     texture = cv2.GaussianBlur(rng.normal(0, 25, (height, width, 3)).astype(np.float32), (5, 5), 0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "v.mp4"
-        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 2, (width, height))
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), 2, (width, height))
+        if not writer.isOpened():
+            raise SystemExit(f"OpenCV cannot write {fourcc} here")
         for i in range(frames):
             img = np.clip(base + texture, 0, 255).astype(np.uint8)
             for k in range(6):

@@ -29,14 +29,21 @@ def png_bytes(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
 
 
 def mp4_bytes(
-    frames: int = 2, width: int = 64, height: int = 48, fps: int = 2, seed: int = 0
+    frames: int = 2,
+    width: int = 64,
+    height: int = 48,
+    fps: int = 2,
+    seed: int = 0,
+    fourcc: str = "mp4v",
 ) -> bytes:
-    """An mp4 (MPEG-4 Part 2, which vLLM's OpenCV loader decodes) of `frames` noise frames."""
+    """An mp4 of `frames` noise frames: MPEG-4 Part 2 (`mp4v`, which vLLM's OpenCV loader
+    decodes) or another codec OpenCV's writer has here (`VP90`; pip's OpenCV has no H.264
+    encoder)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "v.mp4"
-        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (width, height))
         if not writer.isOpened():
-            raise RuntimeError("OpenCV cannot write mp4 here")
+            raise RuntimeError(f"OpenCV cannot write {fourcc} mp4 here")
         for i in range(frames):
             writer.write(_noise(height, width, seed * 1000 + i))
         writer.release()

@@ -14,6 +14,9 @@ API-server ("frontend") processes, so only there does it patch anything:
   API servers (bench/MEDIA.md); none of them change values with the thread count;
 - with the fast path on, vLLM's Gemma 4 video branch hands decoded frames to the processor as
   arrays instead of PIL images (`frames`: same tensors, no PIL round trip);
+- with the fast path on, vLLM's OpenCV loader decodes each video with
+  `GEMMA4_MEDIA_DECODE_THREADS` (default 1) FFmpeg threads instead of one per core (`decode`:
+  same frames, less time and CPU);
 - timing wrappers that record `gemma4_media_preprocess_seconds{stage}` (see `stages`).
 Engine-core and worker processes are left untouched (they see no request media; their processor
 only builds fixed dummy inputs for memory profiling).
@@ -22,7 +25,8 @@ Patch ledger (vLLM 0.32 / transformers 5.19): transformers `Gemma4ImageProcessor
 vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py, or
 vllm/multimodal/video.py before 0.27) and
 `Gemma4MultiModalProcessor._apply_hf_processor_main` (vllm/model_executor/models/gemma4_mm.py),
-the last three for timing only; `gemma4_mm.PILImage` (see `frames`).
+the last three for timing only; `gemma4_mm.PILImage` (see `frames`);
+`OpenCVVideoBackendMixin.open_video_capture` (see `decode`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import frames, stages
+from . import decode, frames, stages
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
@@ -129,11 +133,19 @@ def install() -> bool:
         _fast_enabled = fast_ok and fast_path_requested()
         _patch_vllm_timing()
         array_frames = frames.install(fast_path_enabled)
+        threads = decode.decode_threads()
+        try:
+            decode_patched = decode.install(fast_path_enabled, threads)
+        except Exception:
+            logger.warning("gemma4 media: decode threads not set", exc_info=True)
+            decode_patched = False
         _installed = True
         logger.info(
-            "gemma4 media: installed (fast path %s, video frames as arrays %s)",
+            "gemma4 media: installed (fast path %s, video frames as arrays %s, "
+            "video decode threads %s)",
             "on" if _fast_enabled else "off",
             "on" if array_frames and _fast_enabled else "off",
+            threads if decode_patched and _fast_enabled else "as vLLM",
         )
         return True
 

@@ -1,0 +1,102 @@
+"""FFmpeg decode threads for vLLM's OpenCV video loader (issue 8).
+
+vLLM opens every request's video with `cv2.VideoCapture(BytesIO(data), api, [])`, so FFmpeg
+starts its default number of decode threads (one per core, up to 16) for each video, in every API
+server at once. Measured on 2 cores (bench/media_decode.py, bench/MEDIA.md): for the SLO's clip
+(6 frames, 854x480) one thread was as fast idle and 9% faster with the cores busy, with 8-13%
+less CPU; 720p and 32-frame clips took up to 16% longer. So the default is 1, for a loaded
+server of short clips; 0 gives FFmpeg's default back (longer or larger videos, idle cores).
+FFmpeg's decoders are exact whatever the thread count: the frames are the same (tested with
+vLLM's loader, mp4v and VP9).
+
+`GEMMA4_MEDIA_DECODE_THREADS` (default 1; 0 leaves OpenCV's default) applies while the media fast
+path is on. Patch ledger: `OpenCVVideoBackendMixin.open_video_capture`
+(vllm/multimodal/video_decoders/opencv.py on 0.32+, vllm/multimodal/video.py on 0.20-0.31); only
+when its source is the one-line open this replaces, so a changed upstream is left alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from io import BytesIO
+from typing import Any
+
+logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
+
+ENV_DECODE_THREADS = "GEMMA4_MEDIA_DECODE_THREADS"
+MODULES = ("vllm.multimodal.video_decoders.opencv", "vllm.multimodal.video")
+# What upstream's open_video_capture does (0.20 through 0.32): open with no parameters.
+_UPSTREAM_OPEN = "cv2.VideoCapture(BytesIO(data), backend, [])"
+_PATCHED = "_gemma4_decode_threads"
+
+
+def decode_threads() -> int:
+    """`GEMMA4_MEDIA_DECODE_THREADS`: FFmpeg threads per video (default 1, 0 = OpenCV's)."""
+    value = os.environ.get(ENV_DECODE_THREADS, "1").strip()
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        logger.warning("gemma4 media: %s=%r is not a count; using 1", ENV_DECODE_THREADS, value)
+        return 1
+    return threads
+
+
+def find_mixin() -> Any | None:
+    for name in MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        mixin = getattr(module, "OpenCVVideoBackendMixin", None)
+        if mixin is not None:
+            return mixin
+    return None
+
+
+def open_capture(data: bytes, api: Any, threads: int) -> Any:
+    """vLLM's open, with FFmpeg's thread count set (0: OpenCV's default, as upstream)."""
+    import cv2
+
+    params = [cv2.CAP_PROP_N_THREADS, threads] if threads > 0 else []
+    cap = cv2.VideoCapture(BytesIO(data), api, params)
+    if not cap.isOpened():
+        raise ValueError("Could not open video stream")  # upstream's message, unchanged
+    return cap
+
+
+def install(enabled: Callable[[], bool], threads: int) -> bool:
+    """Set the decode threads of vLLM's OpenCV loader; False where nothing was patched."""
+    if threads <= 0:
+        return False
+    mixin = find_mixin()
+    if mixin is None:
+        return False
+    current = inspect.getattr_static(mixin, "open_video_capture", None)
+    if not isinstance(current, classmethod):
+        return False
+    original = current.__func__
+    if getattr(original, _PATCHED, False):
+        return True
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        source = ""
+    if _UPSTREAM_OPEN not in source:
+        logger.info("gemma4 media: vLLM's video open differs from 0.20-0.32; decode threads kept")
+        return False
+
+    def open_video_capture(cls: Any, data: bytes) -> Any:
+        if not enabled():
+            return original(cls, data)
+        return open_capture(data, cls.get_cv2_video_api(), threads)
+
+    setattr(open_video_capture, _PATCHED, True)
+    open_video_capture.__wrapped__ = original  # type: ignore[attr-defined]
+    mixin.open_video_capture = classmethod(open_video_capture)
+    return True
