@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import decode, frames, stages
+from .env import thread_count
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
@@ -70,15 +71,7 @@ def fast_path_requested() -> bool:
 
 def media_torch_threads() -> int:
     """`GEMMA4_MEDIA_TORCH_THREADS`: torch threads for media processing (default 1, 0 = as is)."""
-    value = os.environ.get(ENV_TORCH_THREADS, "1").strip()
-    try:
-        threads = int(value)
-    except ValueError:
-        threads = -1
-    if threads < 0:
-        logger.warning("gemma4 media: %s=%r is not a count; using 1", ENV_TORCH_THREADS, value)
-        return 1
-    return threads
+    return thread_count(ENV_TORCH_THREADS)
 
 
 @contextmanager

@@ -20,10 +20,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 from collections.abc import Callable
 from io import BytesIO
 from typing import Any
+
+from .env import thread_count
 
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
@@ -36,15 +37,7 @@ _PATCHED = "_gemma4_decode_threads"
 
 def decode_threads() -> int:
     """`GEMMA4_MEDIA_DECODE_THREADS`: FFmpeg threads per video (default 1, 0 = OpenCV's)."""
-    value = os.environ.get(ENV_DECODE_THREADS, "1").strip()
-    try:
-        threads = int(value)
-    except ValueError:
-        threads = -1
-    if threads < 0:
-        logger.warning("gemma4 media: %s=%r is not a count; using 1", ENV_DECODE_THREADS, value)
-        return 1
-    return threads
+    return thread_count(ENV_DECODE_THREADS)
 
 
 def find_mixin() -> Any | None:

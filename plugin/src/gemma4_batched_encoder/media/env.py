@@ -1,0 +1,22 @@
+"""Thread-count switches of the media fast path, read from the environment."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
+
+
+def thread_count(name: str, default: int = 1) -> int:
+    """A non-negative count from `name` (0 = leave the library's own setting); `default` when
+    unset, with a warning when it is not a count."""
+    value = os.environ.get(name, str(default)).strip()
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        logger.warning("gemma4 media: %s=%r is not a count; using %d", name, value, default)
+        return default
+    return threads
