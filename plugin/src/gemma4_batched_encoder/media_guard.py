@@ -13,13 +13,13 @@ Patch ledger: vllm/multimodal/media/video.py (0.27+) or vllm/multimodal/video.py
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from typing import Any
 
+from .vllm_modules import VIDEO_IO_MODULES, first_attr
+
 logger = logging.getLogger(__name__)
 
-_CANDIDATE_MODULES = ("vllm.multimodal.media.video", "vllm.multimodal.video")
 _PATCHED_FLAG = "_gemma4_media_guard"
 
 
@@ -71,14 +71,9 @@ def guard_load_bytes(load_bytes):
 
 def install() -> bool:
     """Patch vLLM's VideoMediaIO once per process; False if this vLLM has no such class."""
-    for name in _CANDIDATE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        cls = getattr(module, "VideoMediaIO", None)
-        if cls is None or not hasattr(cls, "load_bytes"):
-            continue
+    found = first_attr(VIDEO_IO_MODULES, "VideoMediaIO")
+    if found is not None and hasattr(found[1], "load_bytes"):
+        name, cls = found
         if not getattr(cls.load_bytes, _PATCHED_FLAG, False):
             cls.load_bytes = guard_load_bytes(cls.load_bytes)
             logger.info("gemma4_batched_encoder: video payload validation installed (%s)", name)

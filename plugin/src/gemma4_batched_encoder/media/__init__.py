@@ -32,7 +32,6 @@ the last three for timing only; `gemma4_mm.PILImage` (see `frames`);
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import multiprocessing
 import os
@@ -42,6 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..vllm_modules import VIDEO_IO_MODULES, first_attr
 from . import decode, frames, stages
 from .env import thread_count
 
@@ -228,17 +228,10 @@ def timed_processor_main(original: Any, threads: int) -> Any:
 def _patch_vllm_timing() -> None:
     """Stage timers around vLLM's video loading and Gemma 4 multimodal processor."""
     threads = media_torch_threads()
-    # vllm/multimodal/media/video.py on 0.27+, vllm/multimodal/video.py before (as media_guard).
-    for module_name in ("vllm.multimodal.media.video", "vllm.multimodal.video"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        video_io = getattr(module, "VideoMediaIO", None)
-        if video_io is not None:
-            _wrap(video_io, "load_bytes", timed_load_bytes)
-            _wrap(video_io, "load_base64", timed_load_base64)
-            break
+    found = first_attr(VIDEO_IO_MODULES, "VideoMediaIO")
+    if found is not None:
+        _wrap(found[1], "load_bytes", timed_load_bytes)
+        _wrap(found[1], "load_base64", timed_load_base64)
     else:
         logger.info("gemma4 media: no VideoMediaIO found; video stages not timed")
     try:

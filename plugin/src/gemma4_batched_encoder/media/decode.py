@@ -17,19 +17,18 @@ when its source is the one-line open this replaces, so a changed upstream is lef
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
+from ..vllm_modules import OPENCV_MODULES, first_attr
 from .env import thread_count
 
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
 ENV_DECODE_THREADS = "GEMMA4_MEDIA_DECODE_THREADS"
-MODULES = ("vllm.multimodal.video_decoders.opencv", "vllm.multimodal.video")
 # What upstream's open_video_capture does (0.20 through 0.32): open with no parameters.
 _UPSTREAM_OPEN = "cv2.VideoCapture(BytesIO(data), backend, [])"
 _PATCHED = "_gemma4_decode_threads"
@@ -41,15 +40,8 @@ def decode_threads() -> int:
 
 
 def find_mixin() -> Any | None:
-    for name in MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        mixin = getattr(module, "OpenCVVideoBackendMixin", None)
-        if mixin is not None:
-            return mixin
-    return None
+    found = first_attr(OPENCV_MODULES, "OpenCVVideoBackendMixin")
+    return found[1] if found else None
 
 
 def open_capture(data: bytes, api: Any, threads: int) -> Any:
