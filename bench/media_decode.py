@@ -12,6 +12,7 @@ per core, as on a loaded API server sharing its cores with the engine and other 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import multiprocessing
 import os
@@ -43,7 +44,8 @@ def variants() -> dict[str, Callable[[Any, bytes], Any]]:
     mixin = decode.find_mixin()
     if mixin is None:
         raise SystemExit("no OpenCVVideoBackendMixin in this vLLM")
-    stock = mixin.open_video_capture.__func__
+    # vLLM's own open, also where the plugin's media.install() already wrapped it in this process
+    stock = inspect.unwrap(mixin.open_video_capture.__func__)
     out: dict[str, Callable[[Any, bytes], Any]] = {STOCK: stock}
     for n in (1, 2, 4):
         out[f"threads={n}"] = lambda cls, data, n=n: decode.open_capture(
