@@ -282,6 +282,35 @@ def write_random_weights(out: Path, seed: int, device: str = "cpu") -> None:
         for shard in Path(tmp).glob("*.safetensors*"):
             shard.chmod(0o644)
             shard.replace(out / shard.name)
+    write_kv_shared_norms(out, model.config.text_config)
+
+
+KV_SHARED_NORMS = "kv-shared-norms.safetensors"
+
+
+def write_kv_shared_norms(out: Path, text_config: Any) -> None:
+    """k_norm weights (ones) for the KV-shared layers, in a shard of their own.
+
+    transformers creates no k_norm in a layer that reuses another layer's KV, but vLLM 0.26.0
+    allocates one in every layer and refuses a checkpoint without it ("Following weights were
+    not initialized from checkpoint: {...k_norm.weight}", seen on the H200); it never applies
+    it in a shared layer, so the value does not matter. vLLM versions that do not allocate it
+    skip the extra keys."""
+    import torch
+    from safetensors.torch import save_file
+
+    shared = text_config.num_kv_shared_layers
+    if not shared:
+        return
+    first = text_config.num_hidden_layers - shared
+    norms = {}
+    for i in range(first, text_config.num_hidden_layers):
+        # transformers >= 5.17 keeps the per-layer width (global_head_dim on full attention)
+        per_layer = getattr(text_config, "per_layer_config", None)
+        dim = per_layer[i].head_dim if per_layer else text_config.head_dim
+        name = f"model.language_model.layers.{i}.self_attn.k_norm.weight"
+        norms[name] = torch.ones(dim, dtype=torch.bfloat16)
+    save_file(norms, str(out / KV_SHARED_NORMS), metadata={"format": "pt"})
 
 
 def has_weights(model_dir: Path) -> bool:
@@ -295,6 +324,7 @@ def build(
     weights: str = "dummy",
     seed: int = 0,
     device: str = "cpu",
+    uniform_head_dim: bool = False,
 ) -> Path:
     vision_presets = _vision_presets()
     if vision_preset not in vision_presets:
@@ -306,7 +336,9 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.safetensors*"):
         stale.unlink()
-    text = TEXT_PRESETS[text_preset]
+    text = dict(TEXT_PRESETS[text_preset])
+    if uniform_head_dim:
+        text["global_head_dim"] = text["head_dim"]
     size = vocab_size(text)
     ids = build_tokenizer(out, size)
     vision = dict(vision_presets[vision_preset])
@@ -349,8 +381,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device", default="cpu", help="where --weights random initialises: cpu | cuda"
     )
+    parser.add_argument(
+        "--uniform-head-dim",
+        action="store_true",
+        help="full-attention layers get head_dim, not global_head_dim (E4B: 256, not 512); "
+        "vLLM 0.26.0 refused transformers 5.17's 512-wide norms of random E4B weights",
+    )
     args = parser.parse_args(argv)
-    path = build(args.vision, args.text, args.out, args.weights, args.seed, args.device)
+    path = build(
+        args.vision,
+        args.text,
+        args.out,
+        args.weights,
+        args.seed,
+        args.device,
+        args.uniform_head_dim,
+    )
     print(path)
     return 0
 

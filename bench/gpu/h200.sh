@@ -21,6 +21,9 @@ SITE=/tmp/site
 # real: greedy outputs compare meaningfully and sampled tokens stream text (TTFT/ITL measurable).
 # WEIGHTS=dummy: vLLM's --load-format dummy (uniform logits; timing only, as in the 2026-11 runs).
 WEIGHTS="${WEIGHTS:-random}"
+# vLLM 0.26.0 refused transformers 5.17's random E4B checkpoint at its 512-wide full-attention
+# norms (2026-11-30 sitting), so random weights are built with head_dim 256 on every layer.
+BUILD_ARGS="${BUILD_ARGS-$([[ $WEIGHTS == random ]] && echo --uniform-head-dim)}"
 MODEL_DIR="/tmp/gemma4-e4b-$WEIGHTS"
 SERVED="gemma-4-E4B-it-$WEIGHTS"
 OUT="${OUT:-/tmp/out}"
@@ -43,7 +46,7 @@ install)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
   python3 "$REPO/local/build_model.py" --vision e4b --text e4b --weights "$WEIGHTS" --device cuda \
-    --out "$MODEL_DIR"
+    --out "$MODEL_DIR" $BUILD_ARGS
   du -sh "$MODEL_DIR"
   python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
