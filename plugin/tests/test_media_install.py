@@ -265,3 +265,41 @@ def test_array_frame_behaves_like_pil_for_size_only() -> None:
     want = tvF.pil_to_tensor(Image.fromarray(rgb))
     got = frames.frame_tensor(frame)
     assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+def test_one_failing_patch_leaves_the_others_in_force() -> None:
+    """A patch that raises (a changed upstream) is logged, and the other media patches still
+    apply: here the array-frame patch fails and the stage timers and decode threads are in."""
+    import subprocess
+    import sys
+
+    code = """
+import logging, sys
+from gemma4_batched_encoder import media
+from gemma4_batched_encoder.media import decode, frames
+from gemma4_batched_encoder.vllm_modules import VIDEO_IO_MODULES, first_attr
+
+def broken(enabled):
+    raise RuntimeError("upstream changed")
+
+frames.install = broken
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+log = logging.getLogger("vllm.gemma4_batched_encoder.media")
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+assert media.install()
+video_io = first_attr(VIDEO_IO_MODULES, "VideoMediaIO")[1]
+assert getattr(video_io.load_bytes, "_gemma4_media_patched", False), "timers missing"
+assert getattr(decode.find_mixin().open_video_capture, "_gemma4_decode_threads", False)
+assert media.fast_path_enabled()
+messages = [r.getMessage() for r in records]
+assert any("video frames stay PIL images" in m for m in messages), messages
+assert any("video frames as arrays off" in m for m in messages), messages
+print("ok")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -37,7 +37,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -118,20 +118,17 @@ def install() -> bool:
             return True
         if process_role() != "frontend":
             return False
-        try:
-            fast_ok = _patch_image_processor()
-        except Exception:
-            logger.warning("gemma4 media: image processor not patched", exc_info=True)
-            return False
+        # Each patch on its own: one that fails (a changed upstream) leaves the others working.
+        fast_ok = _guarded("image processor not patched", _patch_image_processor, False)
         _fast_enabled = fast_ok and fast_path_requested()
-        _patch_vllm_timing()
-        array_frames = frames.install(fast_path_enabled)
+        _guarded("stage timers not installed", _patch_vllm_timing, None)
+        array_frames = _guarded(
+            "video frames stay PIL images", lambda: frames.install(fast_path_enabled), False
+        )
         threads = decode.decode_threads()
-        try:
-            decode_patched = decode.install(fast_path_enabled, threads)
-        except Exception:
-            logger.warning("gemma4 media: decode threads not set", exc_info=True)
-            decode_patched = False
+        decode_patched = _guarded(
+            "decode threads not set", lambda: decode.install(fast_path_enabled, threads), False
+        )
         _installed = True
         logger.info(
             "gemma4 media: installed (fast path %s, video frames as arrays %s, "
@@ -141,6 +138,15 @@ def install() -> bool:
             threads if decode_patched and _fast_enabled else "as vLLM",
         )
         return True
+
+
+def _guarded(what: str, patch: Callable[[], Any], failed: Any) -> Any:
+    """Run one patch; on an exception log `what` with the traceback and return `failed`."""
+    try:
+        return patch()
+    except Exception:
+        logger.warning("gemma4 media: %s", what, exc_info=True)
+        return failed
 
 
 def _patch_image_processor() -> bool:
