@@ -9,6 +9,9 @@
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
 #   bench/gpu/h200.sh wait PORT...          wait for /health
+#                                           (servers sharing the GPU: start the next only after
+#                                           the last is healthy; one profiling while another
+#                                           loads sizes its KV cache wrong, 0.20.0 and 0.26.0)
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -113,6 +116,11 @@ measure)
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
     --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary || echo "sweep exit $?"
+  # The device tool returns a limited number of files and folder depth: guidellm's per-step
+  # reports go back as one archive (the 2026-11-30 sitting lost a results.csv to the count).
+  if [[ -d "$OUT/sweep-$name/steps" ]]; then
+    tar -czf "$OUT/sweep-$name/steps.tgz" -C "$OUT/sweep-$name" steps && rm -rf "$OUT/sweep-$name/steps"
+  fi
   grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
   # Sums and counts only: per-stage means (media stages, encoder, vLLM's queue/prefill/decode).
   curl -s "http://127.0.0.1:$port/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$OUT/$name-metrics.txt" || true
