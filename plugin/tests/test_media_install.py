@@ -220,6 +220,7 @@ def test_video_frames_reach_the_processor_as_arrays_with_the_fast_path(
     from gemma4_batched_encoder.media import fast_processor, frames
 
     assert isinstance(gemma4_mm.PILImage, frames.PILImageShim)
+    stock_and_fast(vllm_processor, {"video": [decoded_video(2, 320, 240, seed=30)]})  # self-check
     made: list[type] = []
     fromarray = gemma4_mm.PILImage.fromarray
 
@@ -303,3 +304,89 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_frame_call_skips_the_dummy_prompt_with_the_same_tensors(
+    vllm_processor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the fast path on, vLLM's per-video processor call is answered by the image processor
+    alone once its self-check passed: the tokenizer never sees the dummy prompt, and every tensor
+    vLLM hands on equals stock's."""
+    from gemma4_batched_encoder.media import frame_call
+
+    monkeypatch.setattr(frame_call, "_verdicts", {})
+    short: list[int] = []
+    image_only = frame_call.image_only
+
+    def counting(processor, kwargs):
+        short.append(len(kwargs["images"]))
+        return image_only(processor, kwargs)
+
+    monkeypatch.setattr(frame_call, "image_only", counting)
+    texts: list[str] = []
+    tokenizer_call = type(vllm_processor.info.get_tokenizer()).__call__
+
+    def spy(self, text=None, *args, **kwargs):
+        texts.extend(text if isinstance(text, list) else [text])
+        return tokenizer_call(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(vllm_processor.info.get_tokenizer()), "__call__", spy)
+    video = decoded_video(4, 854, 480, seed=41)
+    media.set_fast_path(False)
+    stock = apply(vllm_processor, {"video": [video]})
+    media.set_fast_path(True)
+    first = apply(vllm_processor, {"video": [video]})  # self-check: full call + short path
+    assert short == [4] and list(frame_call._verdicts.values()) == [True]
+    texts.clear()
+    second = apply(vllm_processor, {"video": [video]})
+    assert short == [4, 4]
+    dummy = "\t" + vllm_processor.info.get_hf_processor().image_token
+    assert texts and not any(t and t.startswith(dummy) for t in texts), texts
+    assert_same_mm_kwargs(stock, first)
+    assert_same_mm_kwargs(stock, second)
+
+
+def test_frame_call_self_check_keeps_the_full_call_on_a_difference(
+    vllm_processor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gemma4_batched_encoder.media import frame_call
+
+    monkeypatch.setattr(frame_call, "_verdicts", {})
+    image_only = frame_call.image_only
+    calls: list[int] = []
+
+    def off_by_one_ulp(processor, kwargs):
+        calls.append(1)
+        out = image_only(processor, kwargs)
+        pixels = out["pixel_values"]
+        out["pixel_values"] = torch.nextafter(pixels, pixels + 1)
+        return out
+
+    monkeypatch.setattr(frame_call, "image_only", off_by_one_ulp)
+    video = decoded_video(3, 640, 480, seed=43)
+    stock, fast = stock_and_fast(vllm_processor, {"video": [video]})
+    assert list(frame_call._verdicts.values()) == [False] and calls == [1]
+    again = apply(vllm_processor, {"video": [video]})
+    assert calls == [1]  # not asked again: the full call stays for this processor and kwargs
+    assert_same_mm_kwargs(stock, fast)
+    assert_same_mm_kwargs(stock, again)
+
+
+def test_frame_call_only_matches_the_video_branch_call(tiny_model: Path) -> None:
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from gemma4_batched_encoder.media import frame_call, frames
+
+    processor = AutoProcessor.from_pretrained(tiny_model)
+    rgb = np.zeros((48, 64, 3), dtype=np.uint8)
+    arrays = [frames.as_frame(rgb), frames.as_frame(rgb)]
+    dummy = ("\t" + processor.image_token) * 2
+    assert frame_call.is_frame_call(processor, (), {"images": arrays, "text": dummy})
+    assert not frame_call.is_frame_call(processor, (arrays,), {"text": dummy})  # positional
+    assert not frame_call.is_frame_call(processor, (), {"images": arrays, "text": dummy + "x"})
+    assert not frame_call.is_frame_call(processor, (), {"images": arrays[:1], "text": dummy})
+    pil = [Image.fromarray(rgb)] * 2
+    assert not frame_call.is_frame_call(processor, (), {"images": pil, "text": dummy})
+    plain = [rgb, rgb]  # arrays that are not the branch's frames
+    assert not frame_call.is_frame_call(processor, (), {"images": plain, "text": dummy})

@@ -14,6 +14,8 @@ API-server ("frontend") processes, so only there does it patch anything:
   API servers (bench/MEDIA.md); none of them change values with the thread count;
 - with the fast path on, vLLM's Gemma 4 video branch hands decoded frames to the processor as
   arrays instead of PIL images (`frames`: same tensors, no PIL round trip);
+- with the fast path on, vLLM's per-video processor call with a dummy prompt is answered by the
+  image processor alone (`frame_call`: same tensors, self-checked on first use);
 - with the fast path on, vLLM's OpenCV loader decodes each video with
   `GEMMA4_MEDIA_DECODE_THREADS` (default 1) FFmpeg threads instead of one per core (`decode`:
   same frames, less time and CPU);
@@ -26,7 +28,8 @@ vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py,
 vllm/multimodal/video.py before 0.27) and
 `Gemma4MultiModalProcessor._apply_hf_processor_main` (vllm/model_executor/models/gemma4_mm.py),
 the last three for timing only; `gemma4_mm.PILImage` (see `frames`);
-`OpenCVVideoBackendMixin.open_video_capture` (see `decode`).
+`OpenCVVideoBackendMixin.open_video_capture` (see `decode`); transformers
+`Gemma4Processor.__call__` (see `frame_call`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..vllm_modules import VIDEO_IO_MODULES, first_attr
-from . import decode, frames, stages
+from . import decode, frame_call, frames, stages
 from .env import thread_count
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
@@ -125,6 +128,9 @@ def install() -> bool:
         array_frames = _guarded(
             "video frames stay PIL images", lambda: frames.install(fast_path_enabled), False
         )
+        short_call = _guarded(
+            "video frame call kept whole", lambda: frame_call.install(fast_path_enabled), False
+        )
         threads = decode.decode_threads()
         decode_patched = _guarded(
             "decode threads not set", lambda: decode.install(fast_path_enabled, threads), False
@@ -132,10 +138,11 @@ def install() -> bool:
         _installed = True
         logger.info(
             "gemma4 media: installed (fast path %s, video frames as arrays %s, "
-            "video decode threads %s)",
+            "video decode threads %s, frame call via image processor %s)",
             "on" if _fast_enabled else "off",
             "on" if array_frames and _fast_enabled else "off",
             threads if decode_patched and _fast_enabled else "as vLLM",
+            "on" if short_call and array_frames and _fast_enabled else "off",
         )
         return True
 
