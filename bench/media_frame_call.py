@@ -12,7 +12,6 @@ every repetition's tensors compared with torch.equal.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import statistics
 import sys
@@ -37,29 +36,16 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    assert media.install() and media.fast_path_enabled()
+    bench = ms.Bench(args.model)  # vLLM's real loader and processor, media fast path installed
+    assert media.fast_path_enabled()
     from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
-    from vllm.config import ModelConfig
-    from vllm.multimodal import MULTIMODAL_REGISTRY
-    from vllm.multimodal.media.image import ImageMediaIO
-    from vllm.multimodal.media.video import VideoMediaIO
-    from vllm.multimodal.processing.context import TimingContext
-    from vllm.multimodal.processing.inputs import ProcessorInputs
 
     short_call = Gemma4Processor.__call__
     variants = {"whole call (stock)": short_call.__wrapped__, "image processor only": short_call}
-    config = ModelConfig(
-        model=str(args.model), limit_mm_per_prompt={"audio": 0}, mm_processor_cache_gb=0
-    )
-    processor = MULTIMODAL_REGISTRY.create_processor(config)
-    tokenizer = processor.info.get_tokenizer()
-    video_io = VideoMediaIO(ImageMediaIO(), num_frames=32)
 
     def apply(video: object) -> tuple[float, dict]:
-        prompt = tokenizer.encode("look <|video|> describe", add_special_tokens=False)
-        items = processor.info.get_data_parser().parse_mm_data({"video": [video]})
         start = time.perf_counter()
-        out = processor.apply(ProcessorInputs(prompt, items), TimingContext())
+        out = bench.apply(video)
         return (time.perf_counter() - start) * 1000, out
 
     def tensors(out: dict) -> list:
@@ -69,8 +55,7 @@ def main() -> None:
     rows = []
     try:
         for frames, width, height in CLIPS:
-            payload = base64.b64encode(ms.realistic_mp4(0, frames, width, height)).decode()
-            video = video_io.load_base64("video/mp4", payload).media
+            video = bench.decode(ms.realistic_mp4(0, frames, width, height))
             times: dict[str, list[float]] = {name: [] for name in variants}
             mismatches = 0
             for rep in range(args.reps + 3):
