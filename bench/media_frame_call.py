@@ -11,7 +11,6 @@ every repetition's tensors compared with torch.equal.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,21 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import media_stages as ms
 
-from gemma4_batched_encoder import media
-
 CLIPS = ((6, 854, 480), (6, 1280, 720), (16, 854, 480))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-
-    torch.set_num_threads(1)
-    bench = ms.Bench(args.model)  # vLLM's real loader and processor, media fast path installed
-    assert media.fast_path_enabled()
+    args, bench = ms.fast_path_bench(__doc__.splitlines()[0], reps=30)
     from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
 
     short_call = Gemma4Processor.__call__

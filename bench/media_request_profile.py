@@ -11,7 +11,6 @@ one with `local/build_model.py --vision e4b --text tiny --out DIR`). Needs vLLM 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -20,12 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
 import media_stages as ms
-
-from gemma4_batched_encoder import media
 
 # (label, function name as pstats shows it, a part of its file name): cumulative ms per request.
 # Nested wrappers share names (vLLM's and the plugin's read_frames/apply), so the outermost
@@ -44,15 +39,7 @@ STAGES = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-
-    torch.set_num_threads(1)
-    bench = ms.Bench(args.model)  # vLLM's real loader and processor, media fast path installed
-    assert media.fast_path_enabled()
+    args, bench = ms.fast_path_bench(__doc__.splitlines()[0], reps=10)
     mp4 = ms.realistic_mp4(0, 6, 854, 480)
 
     def request() -> float:

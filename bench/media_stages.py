@@ -207,6 +207,24 @@ class Bench:
         return self.hf.video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
 
 
+def fast_path_bench(description: str, reps: int) -> tuple[argparse.Namespace, Bench]:
+    """--model/--reps/--out, one torch thread, and a Bench with the media fast path on (as the
+    API server runs it): the set-up of the one-request profiles (media_request_profile.py,
+    media_frame_call.py)."""
+    import torch
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", type=Path, required=True, help="a Gemma 4 model directory")
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    bench = Bench(args.model)
+    if not bench.media.fast_path_enabled():
+        raise SystemExit("the media fast path is off in this process (GEMMA4_MEDIA_FAST_PATH?)")
+    return args, bench
+
+
 def mm_item(output: Any) -> Any:
     return output["mm_kwargs"]["video"][0]
 
