@@ -303,10 +303,10 @@ def write_kv_shared_norms(out: Path, text_config: Any) -> None:
     if not shared:
         return
     first = text_config.num_hidden_layers - shared
+    # transformers >= 5.17 keeps the per-layer width (global_head_dim on full attention)
+    per_layer = getattr(text_config, "per_layer_config", None)
     norms = {}
     for i in range(first, text_config.num_hidden_layers):
-        # transformers >= 5.17 keeps the per-layer width (global_head_dim on full attention)
-        per_layer = getattr(text_config, "per_layer_config", None)
         dim = per_layer[i].head_dim if per_layer else text_config.head_dim
         name = f"model.language_model.layers.{i}.self_attn.k_norm.weight"
         norms[name] = torch.ones(dim, dtype=torch.bfloat16)
