@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +29,15 @@ logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 _PATCHED = "_gemma4_frame_call"
 KEPT = ("pixel_values", "image_position_ids")  # what vLLM's video branch reads from the call
 
-_lock = threading.Lock()
-_verdicts: dict[str, bool] = {}  # (processor class, kwargs) -> short path equals the full call
+_INPUTS = ("images", "text", "videos", "audio")
+# (processor class, kwargs) -> short path equals the full call. Written once per key; a race
+# only runs one self-check twice.
+_verdicts: dict[str, bool] = {}
+
+
+def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's processor options: everything but its inputs."""
+    return {k: v for k, v in kwargs.items() if k not in _INPUTS}
 
 
 def is_frame_call(processor: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
@@ -51,12 +57,11 @@ def image_only(processor: Any, kwargs: dict[str, Any]) -> Any:
     """The image processor's outputs that the video branch reads, as the full call returns them."""
     from transformers.feature_extraction_utils import BatchFeature
 
-    rest = {k: v for k, v in kwargs.items() if k not in ("images", "text", "videos", "audio")}
     tokenizer = getattr(processor, "tokenizer", None)
     merged = processor._merge_kwargs(
         processor.valid_processor_kwargs,
         tokenizer_init_kwargs=tokenizer.init_kwargs if tokenizer is not None else {},
-        **rest,
+        **_options(kwargs),
     )
     images = processor.image_processor.fetch_images(kwargs["images"])
     out = processor.image_processor(images, **merged["images_kwargs"])
@@ -77,8 +82,8 @@ def same_outputs(full: Any, short: Any) -> bool:
 
 
 def _verdict_key(processor: Any, kwargs: dict[str, Any]) -> str:
-    rest = {k: v for k, v in kwargs.items() if k not in ("images", "text")}
-    return f"{type(processor).__qualname__}:{sorted(rest.items(), key=lambda kv: kv[0])!r}"
+    options = sorted(_options(kwargs).items(), key=lambda kv: kv[0])
+    return f"{type(processor).__qualname__}:{options!r}"
 
 
 def make_call(original: Callable[..., Any], enabled: Callable[[], bool]) -> Callable[..., Any]:
@@ -94,8 +99,7 @@ def make_call(original: Callable[..., Any], enabled: Callable[[], bool]) -> Call
             except Exception:
                 logger.warning("gemma4 media: image-only frame call failed", exc_info=True)
                 ok = False
-            with _lock:
-                _verdicts[key] = ok
+            _verdicts[key] = ok
             if not ok:
                 logger.warning(
                     "gemma4 media: image-only frame call differs from the full processor call "
