@@ -115,3 +115,10 @@ def test_install_leaves_a_vllm_that_keys_videos_by_bytes_alone() -> None:
 
     loaded = VideoMediaIO(ImageMediaIO()).load_bytes(media_files.mp4_bytes(2, 64, 48, seed=5))
     assert isinstance(loaded, MediaWithBytes)
+
+
+def test_the_patch_targets_loaders_that_return_plain_tuples() -> None:
+    from vllm.multimodal.media.video import VideoMediaIO
+
+    assert source_key.keys_videos_by_bytes(VideoMediaIO)  # 0.32 here
+    assert not source_key.keys_videos_by_bytes(VideoMediaIO026)  # 0.20-0.26's load_bytes

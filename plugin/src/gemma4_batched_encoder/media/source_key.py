@@ -17,15 +17,16 @@ a different key. The digest uses vLLM's configured algorithm (`VLLM_MM_HASHER_AL
 Keys change, values do not: nothing the model receives differs. A key only lives as long as its
 array (a weak reference), so an array's id reused later cannot inherit one.
 
-Patch ledger: `VideoMediaIO.load_bytes` (vllm/multimodal/video.py before 0.27) and
-`MultiModalHasher.serialize_item` (vllm/multimodal/hasher.py), only where `load_bytes` returns a
-plain tuple. Drop with vLLM 0.26 support.
+Patch ledger: `VideoMediaIO.load_bytes` and `MultiModalHasher.serialize_item`
+(vllm/multimodal/hasher.py), only where `load_bytes` does not wrap its result in `MediaWithBytes`
+(0.20-0.26: vllm/multimodal/media/video.py or video.py). Drop with vLLM 0.26 support.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import threading
 import weakref
@@ -122,6 +123,14 @@ def keyed_serialize_item(original: Callable[[Any, object], Any]) -> Any:
     return serialize_item
 
 
+def keys_videos_by_bytes(video_io: type) -> bool:
+    """vLLM 0.27+ returns the decoded video wrapped with its bytes (`MediaWithBytes`)."""
+    try:
+        return "MediaWithBytes" in inspect.getsource(video_io.load_bytes)
+    except (OSError, TypeError):
+        return True  # cannot tell: leave vLLM's keys alone
+
+
 def install(enabled: Callable[[], bool]) -> bool:
     """Patch vLLM where its video loader returns plain tuples; False where nothing applies."""
     from ..vllm_modules import VIDEO_IO_MODULES, first_attr
@@ -133,9 +142,9 @@ def install(enabled: Callable[[], bool]) -> bool:
     found = first_attr(VIDEO_IO_MODULES, "VideoMediaIO")
     if found is None:
         return False
-    module_name, video_io = found
-    if module_name != "vllm.multimodal.video":
-        return False  # 0.27+: vLLM keys videos by their bytes itself
+    video_io = found[1]
+    if keys_videos_by_bytes(video_io):
+        return False  # vLLM 0.27+ does this itself
     hasher_fn = MultiModalHasher.__dict__.get("serialize_item")
     if not isinstance(hasher_fn, classmethod):
         return False
