@@ -182,7 +182,9 @@ class Bench:
         return self.pybase64.b64decode(url.split(",", 1)[1], validate=True)
 
     def decode(self, data: bytes) -> tuple[np.ndarray, dict]:
-        return self.video_io.load_bytes(data).media
+        loaded = self.video_io.load_bytes(data)
+        # vLLM >= 0.27 wraps (frames, metadata) in MediaWithBytes; 0.26 returns the tuple itself.
+        return getattr(loaded, "media", loaded)
 
     def variant(self, name: str) -> None:
         self.media.set_fast_path(name == "fast")
