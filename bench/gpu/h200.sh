@@ -10,8 +10,13 @@
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #                                           (servers sharing the GPU: start the next only after
-#                                           the last is healthy; one profiling while another
-#                                           loads sizes its KV cache wrong, 0.20.0 and 0.26.0)
+#                                           the last has sized its KV cache; one profiling while
+#                                           another loads sizes it wrong, 0.20.0 and 0.26.0)
+#   bench/gpu/h200.sh wait-kv PORT          wait until that server has allocated its KV cache
+#   bench/gpu/h200.sh greedy NAME PORT TAG  greedy outputs (7 fixed requests) to NAME-greedy-TAG.json
+#   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
+#                                           decode threads, one request's profile, the frame call,
+#                                           the video cache key
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -72,6 +77,15 @@ media)
   cd "$REPO"
   python3 bench/media_decode.py --reps 9 --out "$OUT/media-decode.json"
   ;;
+host)
+  cd "$REPO"
+  python3 bench/media_request_profile.py --model "$MODEL_DIR" --out "$OUT/media-request-profile.txt" ||
+    echo "request profile: exit $?"
+  python3 bench/media_source_key.py --out "$OUT/media-source-key.json" || echo "source key: exit $?"
+  python3 bench/media_frame_call.py --model "$MODEL_DIR" --out "$OUT/media-frame-call.json" ||
+    echo "frame call: exit $?"
+  python3 bench/media_decode.py --reps 9 --out "$OUT/media-decode.json" || echo "decode: exit $?"
+  ;;
 serve)
   name="${1:?name}" port="${2:?port}"
   shift 2
@@ -102,6 +116,26 @@ wait)
     done
     echo "server :$port healthy after $(($(date +%s) - t0)) s of waiting"
   done
+  ;;
+wait-kv)
+  port="${1:?port}"
+  t0=$(date +%s)
+  read -r pid log <"/tmp/port-$port"
+  until grep -q "GPU KV cache size" "$log"; do
+    if ! kill -0 "$pid" 2>/dev/null || (($(date +%s) - t0 > ${WAIT_S:-300})); then
+      echo "server :$port has no KV cache ($log):"
+      grep -B2 -A4 Error "$log" | tail -n 20
+      exit 1
+    fi
+    sleep 2
+  done
+  echo "server :$port: $(grep -m1 -o "GPU KV cache size.*" "$log") after $(($(date +%s) - t0)) s"
+  ;;
+greedy)
+  name="${1:?name}" port="${2:?port}" tag="${3:?tag}"
+  cd "$REPO"
+  python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
+    --out "$OUT/$name-greedy-$tag.json"
   ;;
 measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
