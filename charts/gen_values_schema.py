@@ -297,6 +297,11 @@ VALUES = obj(
                         },
                         "additionalLabels": strmap(),
                         "namespace": string(),
+                        "runbookUrl": string(
+                            "runbook page each alert links to (#<alert name> appended); "
+                            "empty: the runbooks.md the rules were generated with",
+                            pattern="^(https?://[^#\\s]+)?$",
+                        ),
                     }
                 ),
             },

@@ -58,6 +58,24 @@ def test_prometheus_rule_groups_equal_the_rule_files():
     assert names == [p.name for p, _ in rule_files()]
 
 
+def test_runbook_url_points_every_alert_at_the_given_page():
+    url = "https://wiki.example.com/ops/gemma4?space=sre&page=runbook"
+    sets = (f"metrics.prometheusRule.runbookUrl={url}",)
+    groups = one(render("default", api="operator", sets=sets), "PrometheusRule")["spec"]["groups"]
+    expected = [g for _, doc in rule_files() for g in doc["groups"]]
+    alerts = 0
+    for got, want in zip(groups, expected, strict=True):
+        for got_rule, want_rule in zip(got["rules"], want["rules"], strict=True):
+            if "alert" in want_rule:
+                alerts += 1
+                anchor = want_rule["annotations"]["runbook_url"].split("#")[1]
+                assert anchor == want_rule["alert"].lower()
+                assert got_rule["annotations"]["runbook_url"] == f"{url}#{anchor}"
+                got_rule = {**got_rule, "annotations": want_rule["annotations"]}
+            assert got_rule == want_rule  # nothing else changes
+    assert alerts >= 5
+
+
 def test_rendered_rules_pass_promtool(tmp_path):
     promtool = require_tool(shutil.which("promtool"), "promtool")
     pr = one(render("default", api="operator"), "PrometheusRule")
@@ -141,6 +159,11 @@ BAD_VALUES = [
         "does not match pattern",
     ),
     ("autoscaling.minReplicas=0", "/autoscaling/minReplicas", "minimum"),
+    (
+        "metrics.prometheusRule.runbookUrl=wiki/page#x",
+        "/metrics/prometheusRule/runbookUrl",
+        "does not match pattern",
+    ),
     ("loadtest.job.activeDeadlineSeconds=5", "/loadtest/job/activeDeadlineSeconds", "minimum"),
     ("loadtest.extraBody=5", "/loadtest/extraBody", "got number, want object"),
     (
