@@ -39,6 +39,26 @@ mkdir -p "$OUT"
 export PYTHONPATH="$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 
+log_of() { cut -d' ' -f2 "/tmp/port-$1"; }
+
+# wait_for PORT WHAT LIMIT_S CHECK...: until CHECK succeeds; fail fast when the server's process
+# has exited (no waiting on a dead server) or after LIMIT_S (WAIT_S overrides).
+wait_for() {
+  local port="$1" what="$2" limit="${WAIT_S:-$3}" pid log t0
+  shift 3
+  read -r pid log <"/tmp/port-$port"
+  t0=$(date +%s)
+  until "$@" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null || (($(date +%s) - t0 > limit)); then
+      echo "server :$port not $what ($log):"
+      grep -B2 -A4 Error "$log" | tail -n 20
+      exit 1
+    fi
+    sleep 2
+  done
+  echo "server :$port $what after $(($(date +%s) - t0)) s of waiting"
+}
+
 cmd="${1:?step}"
 shift
 case "$cmd" in
@@ -102,34 +122,14 @@ serve)
   echo "started $name on :$port"
   ;;
 wait)
-  # Fail fast: a server whose process has exited is not waited for.
   for port in "$@"; do
-    t0=$(date +%s)
-    read -r pid log <"/tmp/port-$port"
-    until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
-      if ! kill -0 "$pid" 2>/dev/null || (($(date +%s) - t0 > ${WAIT_S:-420})); then
-        echo "server :$port not healthy ($log):"
-        grep -B2 -A4 Error "$log" | tail -n 20
-        exit 1
-      fi
-      sleep 3
-    done
-    echo "server :$port healthy after $(($(date +%s) - t0)) s of waiting"
+    wait_for "$port" "healthy" 420 curl -sf "http://127.0.0.1:$port/health"
   done
   ;;
 wait-kv)
   port="${1:?port}"
-  t0=$(date +%s)
-  read -r pid log <"/tmp/port-$port"
-  until grep -q "GPU KV cache size" "$log"; do
-    if ! kill -0 "$pid" 2>/dev/null || (($(date +%s) - t0 > ${WAIT_S:-300})); then
-      echo "server :$port has no KV cache ($log):"
-      grep -B2 -A4 Error "$log" | tail -n 20
-      exit 1
-    fi
-    sleep 2
-  done
-  echo "server :$port: $(grep -m1 -o "GPU KV cache size.*" "$log") after $(($(date +%s) - t0)) s"
+  wait_for "$port" "KV cache sized" 300 grep -q "GPU KV cache size" "$(log_of "$port")"
+  grep -m1 -o "GPU KV cache size.*" "$(log_of "$port")"
   ;;
 greedy)
   name="${1:?name}" port="${2:?port}" tag="${3:?tag}"
