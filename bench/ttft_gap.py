@@ -6,6 +6,10 @@ Text: ~500 one-token words, 10 output tokens. Video: one mp4 of 6 frames at 854x
 request, made with slo_loadtest's generator), 10 output tokens. Requests are sequential for the
 gap (median of n after 3 warm-ups); a burst sends k videos at once and reports the spread of
 their TTFTs. TTFT = first streamed content delta, measured by an httpx client on the same host.
+
+Where the time went, per phase (the sequential videos, each warm burst): the server's /metrics
+before and after, as mean ms per observation of each stage (the plugin's media stages and encoder
+calls, vLLM's queue, prefill and TTFT); stages a server does not export are left out.
 """
 
 from __future__ import annotations
@@ -20,8 +24,52 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from slo_loadtest.media import write_video
+
+# label in the breakdown -> (histogram name, label values it must have)
+STAGES = {
+    "mp4 decode (API server)": ("gemma4_media_preprocess_seconds", {"stage": "video_decode"}),
+    "vLLM processor (API server)": ("gemma4_media_preprocess_seconds", {"stage": "mm_processor"}),
+    "  of which image processor": ("gemma4_media_preprocess_seconds", {"stage": "image_processor"}),
+    "queue (engine)": ("vllm:request_queue_time_seconds", {}),
+    "vision encoder, per call (engine)": ("gemma4_encoder_seconds", {"path": "plugin"}),
+    "prefill (engine)": ("vllm:request_prefill_time_seconds", {}),
+    "TTFT (server side)": ("vllm:time_to_first_token_seconds", {}),
+}
+
+Sums = dict[str, tuple[float, float]]
+
+
+def stage_sums(exposition: str) -> Sums:
+    """(sum seconds, count) per STAGES label, summed over processes and other labels."""
+    totals: dict[str, list[float]] = {label: [0.0, 0.0] for label in STAGES}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            for label, (name, want) in STAGES.items():
+                if sample.name not in (f"{name}_sum", f"{name}_count"):
+                    continue
+                if any(sample.labels.get(k) != v for k, v in want.items()):
+                    continue
+                totals[label][sample.name.endswith("_count")] += sample.value
+    return {label: (s, c) for label, (s, c) in totals.items()}
+
+
+def breakdown(before: Sums, after: Sums) -> dict[str, dict[str, float]]:
+    """Mean ms and number of observations per stage between two scrapes (observed stages only)."""
+    out = {}
+    for label, (s1, c1) in after.items():
+        s0, c0 = before.get(label, (0.0, 0.0))
+        if c1 > c0:
+            out[label] = {"mean_ms": 1000 * (s1 - s0) / (c1 - c0), "count": c1 - c0}
+    return out
+
+
+async def scrape(client: httpx.AsyncClient, target: str) -> Sums:
+    resp = await client.get(target.rstrip("/") + "/metrics")
+    resp.raise_for_status()
+    return stage_sums(resp.text)
 
 
 def video_url(key: int, seed: int, tmp: Path, width: int = 854, height: int = 480) -> str:
@@ -79,10 +127,12 @@ async def run(args: argparse.Namespace) -> dict:
                 await ttft(client, url, _body(args.model, text))
                 await ttft(client, url, _body(args.model, video_content.pop()))
             text_ms = [await ttft(client, url, _body(args.model, text)) for _ in range(args.n)]
+            before = await scrape(client, args.target)
             video_ms = [
                 await ttft(client, url, _body(args.model, video_content.pop()))
                 for _ in range(args.n)
             ]
+            results["video_stages"] = breakdown(before, await scrape(client, args.target))
             results["text_ttft_ms"] = {"p50": statistics.median(text_ms), "all": text_ms}
             results["video_ttft_ms"] = {"p50": statistics.median(video_ms), "all": video_ms}
             results["video_minus_text_ms"] = statistics.median(video_ms) - statistics.median(
@@ -92,14 +142,17 @@ async def run(args: argparse.Namespace) -> dict:
                 spreads = []
                 for _ in range(2):  # the second burst is warm
                     bodies = [_body(args.model, video_content.pop()) for _ in range(k)]
+                    before = await scrape(client, args.target)
                     spreads.append(
                         sorted(await asyncio.gather(*(ttft(client, url, b) for b in bodies)))
                     )
+                    stages = breakdown(before, await scrape(client, args.target))
                 results[f"burst_{k}_ttft_ms"] = {
                     "min": spreads[-1][0],
                     "max": spreads[-1][-1],
                     "all_cold": spreads[0],
                     "all_warm": spreads[-1],
+                    "stages_warm": stages,
                 }
     return results
 
@@ -123,6 +176,11 @@ def main() -> None:
         b = results[f"burst_{k}_ttft_ms"]
         line += f" | {k} videos at once {b['min']:.0f}..{b['max']:.0f} ms"
     print(line)
+    phases = [("one video at a time", results["video_stages"])] + [
+        (f"{k} videos at once", results[f"burst_{k}_ttft_ms"]["stages_warm"]) for k in args.burst
+    ]
+    for phase, stages in phases:
+        print(f"  {phase}: " + ", ".join(f"{k} {v['mean_ms']:.1f}" for k, v in stages.items()))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

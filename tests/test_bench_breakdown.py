@@ -1,0 +1,43 @@
+"""bench/ttft_gap.py's per-phase breakdown reads the real server's /metrics: one video request
+shows up once in each stage it passes, and nothing else moves between the two scrapes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+import media
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import ttft_gap
+
+pytestmark = pytest.mark.e2e
+
+
+def test_one_video_appears_once_in_every_stage_it_passes(vllm_server):
+    url = media.data_url("video/mp4", media.mp4_bytes(frames=3, width=320, height=240, seed=7))
+    body = {
+        "model": vllm_server.model,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, media.video_part(url)]}
+        ],
+        "max_tokens": 2,
+    }
+    before = ttft_gap.stage_sums(vllm_server.metrics_text())
+    resp = httpx.post(f"{vllm_server.base_url}/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    stages = ttft_gap.breakdown(before, ttft_gap.stage_sums(vllm_server.metrics_text()))
+    assert set(stages) == set(ttft_gap.STAGES)  # the plugin's stages and vLLM's all present
+    for label in ("mp4 decode (API server)", "vLLM processor (API server)", "prefill (engine)"):
+        assert stages[label]["count"] == 1, (label, stages)
+    assert stages["  of which image processor"]["count"] >= 1
+    assert stages["vision encoder, per call (engine)"]["count"] >= 1
+    assert all(v["mean_ms"] > 0 for k, v in stages.items() if k != "queue (engine)"), stages
+    proc = stages["vLLM processor (API server)"]["mean_ms"]
+    assert stages["  of which image processor"]["mean_ms"] <= proc
+    # no request in between: a second breakdown over the same scrape is empty
+    after = ttft_gap.stage_sums(vllm_server.metrics_text())
+    assert ttft_gap.breakdown(after, after) == {}
