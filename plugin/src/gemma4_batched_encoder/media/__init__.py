@@ -20,7 +20,7 @@ API-server ("frontend") processes, so only there does it patch anything:
   `GEMMA4_MEDIA_DECODE_THREADS` (default 1) FFmpeg threads instead of one per core (`decode`:
   same frames, less time and CPU);
 - with the fast path on, on vLLM before 0.27, a video's cache key is hashed from its container
-  bytes instead of its decoded frames (`source_key`: same tensors, ~4 ms less per video);
+  bytes instead of its decoded frames (`source_key`: same tensors, 1-2 ms less per video);
 - timing wrappers that record `gemma4_media_preprocess_seconds{stage}` (see `stages`).
 Engine-core and worker processes are left untouched (they see no request media; their processor
 only builds fixed dummy inputs for memory profiling).

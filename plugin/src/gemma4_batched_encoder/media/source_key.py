@@ -1,8 +1,9 @@
 """A decoded video's cache key from its container bytes, not its frames (vLLM before 0.27).
 
 vLLM keys every multimodal item by a hash (blake3 by default) of the item as the processor sees
-it: for a video on 0.20-0.26 that is the decoded frames, 7.4 MB for 6 frames of 854x480, about
-4-5 ms of one core per video on the API server (bench/MEDIA.md). vLLM 0.27+ hashes the container
+it: for a video on 0.20-0.26 that is the decoded frames, 7.4 MB for 6 frames of 854x480, 1.4 ms
+of one core on the H200 host and ~2 ms on a 2-core CPU per video, more for longer or larger clips
+(bench/MEDIA.md). vLLM 0.27+ hashes the container
 bytes instead when they are smaller (`MediaWithBytes` in vllm/multimodal/hasher.py); this is the
 same idea for the older versions, which return a plain `(frames, metadata)` tuple.
 
