@@ -282,20 +282,23 @@ def write_random_weights(out: Path, seed: int, device: str = "cpu") -> None:
         for shard in Path(tmp).glob("*.safetensors*"):
             shard.chmod(0o644)
             shard.replace(out / shard.name)
-    write_kv_shared_norms(out, model.config.text_config)
+    write_kv_shared_weights(out, model.config.text_config)
 
 
-KV_SHARED_NORMS = "kv-shared-norms.safetensors"
+KV_SHARED_SHARD = "kv-shared-layers.safetensors"
 
 
-def write_kv_shared_norms(out: Path, text_config: Any) -> None:
-    """k_norm weights (ones) for the KV-shared layers, in a shard of their own.
+def write_kv_shared_weights(out: Path, text_config: Any) -> None:
+    """What vLLM 0.26.0 allocates in KV-shared layers but transformers never makes: k_norm (ones)
+    and k_proj / v_proj (zeros), in a shard of their own.
 
-    transformers creates no k_norm in a layer that reuses another layer's KV, but vLLM 0.26.0
-    allocates one in every layer and refuses a checkpoint without it ("Following weights were
-    not initialized from checkpoint: {...k_norm.weight}", seen on the H200); it never applies
-    it in a shared layer, so the value does not matter. vLLM versions that do not allocate it
-    skip the extra keys."""
+    A layer that reuses another layer's KV has no k_norm, k_proj or v_proj in transformers.
+    vLLM 0.26.0 allocates all three in every layer: it refuses a checkpoint without k_norm
+    ("Following weights were not initialized from checkpoint: {...k_norm.weight}", seen on the
+    H200), and loading q_proj alone marks its fused qkv_proj loaded, leaving the K and V rows as
+    uninitialised memory that differs per process (found with vLLM 0.26.0 on the CPU). A shared
+    layer never uses them, so their values do not matter; writing them leaves no per-process
+    state in the loaded model. vLLM versions that do not allocate them skip the extra keys."""
     import torch
     from safetensors.torch import save_file
 
@@ -303,14 +306,28 @@ def write_kv_shared_norms(out: Path, text_config: Any) -> None:
     if not shared:
         return
     first = text_config.num_hidden_layers - shared
-    # transformers >= 5.17 keeps the per-layer width (global_head_dim on full attention)
+    # transformers >= 5.17 keeps the per-layer width and KV heads (global_head_dim and
+    # num_global_key_value_heads on full attention)
     per_layer = getattr(text_config, "per_layer_config", None)
-    norms = {}
+    tensors = {}
     for i in range(first, text_config.num_hidden_layers):
-        dim = per_layer[i].head_dim if per_layer else text_config.head_dim
-        name = f"model.language_model.layers.{i}.self_attn.k_norm.weight"
-        norms[name] = torch.ones(dim, dtype=torch.bfloat16)
-    save_file(norms, str(out / KV_SHARED_NORMS), metadata={"format": "pt"})
+        layer = per_layer[i] if per_layer else text_config
+        dim, kv_heads = layer.head_dim, layer.num_key_value_heads
+        prefix = f"model.language_model.layers.{i}.self_attn"
+        tensors[f"{prefix}.k_norm.weight"] = torch.ones(dim, dtype=torch.bfloat16)
+        # as transformers builds them in the unshared layers (v_proj absent where K doubles as V)
+        sliding = text_config.layer_types[i] == "sliding_attention"
+        projections = ["k_proj"]
+        if not (getattr(text_config, "attention_k_eq_v", False) and not sliding):
+            projections.append("v_proj")
+        for proj in projections:
+            shape = (kv_heads * dim, text_config.hidden_size)
+            tensors[f"{prefix}.{proj}.weight"] = torch.zeros(shape, dtype=torch.bfloat16)
+            if text_config.attention_bias:
+                tensors[f"{prefix}.{proj}.bias"] = torch.zeros(shape[0], dtype=torch.bfloat16)
+    path = out / KV_SHARED_SHARD
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    path.chmod(0o644)
 
 
 def has_weights(model_dir: Path) -> bool:

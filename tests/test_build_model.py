@@ -100,10 +100,10 @@ def test_tiny_random_model_greedy_outputs_are_words(vllm_server) -> None:
         assert len(text.split()) == 10 and set(text.split()) <= words, text
 
 
-def test_kv_shared_layers_get_the_k_norm_vllm_026_allocates(tmp_path) -> None:
-    """transformers leaves k_norm out of KV-shared layers; the extra shard adds exactly those,
-    sized as transformers sizes the same layer type's k_norm elsewhere (global_head_dim on
-    full attention)."""
+def test_kv_shared_layers_get_what_vllm_026_allocates(tmp_path) -> None:
+    """transformers leaves k_norm, k_proj and v_proj out of KV-shared layers; the extra shard adds
+    exactly those, shaped as transformers shapes the same layer type's tensors elsewhere
+    (global_head_dim and num_global_key_value_heads on full attention)."""
     import torch
     from safetensors import safe_open
     from transformers import AutoConfig, Gemma4ForConditionalGeneration
@@ -111,21 +111,29 @@ def test_kv_shared_layers_get_the_k_norm_vllm_026_allocates(tmp_path) -> None:
     out = build_model.build("tiny", "tiny", tmp_path / "m")
     config = json.loads((out / "config.json").read_text())
     text = config["text_config"]
-    text.update(num_hidden_layers=4, num_kv_shared_layers=2, global_head_dim=64)
+    text.update(
+        num_hidden_layers=4, num_kv_shared_layers=2, global_head_dim=64, attention_k_eq_v=False
+    )
     text["layer_types"] = ["sliding_attention", "full_attention"] * 2
     (out / "config.json").write_text(json.dumps(config))
     hf_config = AutoConfig.from_pretrained(out)
     with torch.device("meta"):
         own = Gemma4ForConditionalGeneration(hf_config).state_dict()
-    build_model.write_kv_shared_norms(out, hf_config.text_config)
-    with safe_open(str(out / build_model.KV_SHARED_NORMS), "pt") as f:
-        added = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not iterable)
-    name = "model.language_model.layers.{}.self_attn.k_norm.weight"
-    assert set(added) == {name.format(2), name.format(3)}
+    build_model.write_kv_shared_weights(out, hf_config.text_config)
+    with safe_open(str(out / build_model.KV_SHARED_SHARD), "pt") as f:
+        added = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not iterable)
+    name = "model.language_model.layers.{}.self_attn.{}.weight"
+    kinds = ("k_norm", "k_proj", "v_proj")
+    assert set(added) == {name.format(i, k) for i in (2, 3) for k in kinds}
     assert not set(added) & set(own)
-    # Same width as transformers' own k_norm of the non-shared layer of the same type.
-    assert added[name.format(2)] == tuple(own[name.format(0)].shape) == (32,)
-    assert added[name.format(3)] == tuple(own[name.format(1)].shape) == (64,)
+    for kind in kinds:
+        # Same shape as transformers' own tensor in the unshared layer of the same type.
+        for shared, unshared in ((2, 0), (3, 1)):
+            got = added[name.format(shared, kind)]
+            assert tuple(got.shape) == tuple(own[name.format(unshared, kind)].shape), kind
+            assert bool((got == (1 if kind == "k_norm" else 0)).all())
+    assert tuple(added[name.format(3, "k_norm")].shape) == (64,)
+    assert (out / build_model.KV_SHARED_SHARD).stat().st_mode & 0o777 == 0o644
 
 
 def test_uniform_head_dim_gives_full_attention_the_sliding_width(tmp_path) -> None:
