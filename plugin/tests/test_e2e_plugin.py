@@ -96,3 +96,28 @@ def test_greedy_outputs_identical_with_plugin_disabled(vllm_server, vllm_server_
         logprobs_a = [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]]
         logprobs_b = [t["logprob"] for t in b["choices"][0]["logprobs"]["content"]]
         assert logprobs_a == logprobs_b
+
+
+def test_fast_mode_keeps_greedy_tokens_on_fixed_inputs(vllm_server, vllm_server_factory):
+    """The opt-in fast mode (other kernels, not bitwise) gives the same greedy tokens as exact on
+    a fixed set of image and video requests, logprobs within a small distance; its mode shows on
+    /metrics."""
+    requests = [image_request(seed=301), video_request(seed=302), image_request(seed=303)]
+    exact = [chat(vllm_server, r) for r in requests]
+    fast_server = vllm_server_factory("fast-mode", env={"GEMMA4_ENCODER_MODE": "fast"})
+    assert "mode=fast" in fast_server.log_path.read_text()
+    fast = [chat(fast_server, r) for r in requests]
+    deviation = 0.0
+    for a, b in zip(exact, fast, strict=True):
+        assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+        assert tokens(a) == tokens(b)
+        for x, y in zip(
+            a["choices"][0]["logprobs"]["content"],
+            b["choices"][0]["logprobs"]["content"],
+            strict=True,
+        ):
+            deviation = max(deviation, abs(x["logprob"] - y["logprob"]))
+    assert deviation < 0.5, deviation
+    text = fast_server.metrics_text()
+    assert metric(text, "gemma4_encoder_info", mode="fast", cuda_graphs="false") == 1
+    assert metric(text, "gemma4_encoder_calls_total", path="plugin") >= 3
