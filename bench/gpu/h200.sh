@@ -21,7 +21,6 @@
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
 #                                           greedy outputs or TTFT gap)
-#   bench/gpu/h200.sh media                 FFmpeg decode threads side by side on this host's CPUs
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=/tmp/site
@@ -92,10 +91,6 @@ verify | encoder)
     --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
   python3 bench/media_stages.py --processor-only --model "$MODEL_DIR" --out "$OUT/media-processor-only.json" ||
     echo "media stages: exit $?"
-  ;;
-media)
-  cd "$REPO"
-  python3 bench/media_decode.py --reps 9 --out "$OUT/media-decode.json"
   ;;
 host)
   cd "$REPO"
