@@ -32,10 +32,7 @@ class VideoMediaIO026:
         return self.video_loader.load_bytes(data, num_frames=self.num_frames, **self.kwargs)
 
 
-class KeyedHasher(MultiModalHasher):
-    serialize_item = classmethod(  # type: ignore[assignment]
-        source_key.keyed_serialize_item(MultiModalHasher.__dict__["serialize_item"].__func__)
-    )
+KeyedHasher = source_key.keyed_hasher(MultiModalHasher)
 
 
 @pytest.fixture

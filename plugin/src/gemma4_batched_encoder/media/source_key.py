@@ -124,6 +124,13 @@ def keyed_serialize_item(original: Callable[[Any, object], Any]) -> Any:
     return serialize_item
 
 
+def keyed_hasher(hasher: type) -> type:
+    """A subclass of vLLM's MultiModalHasher that keys remembered videos by their digest, leaving
+    the class itself alone (benchmarks and tests; `install` patches the class in place)."""
+    serialize = keyed_serialize_item(hasher.__dict__["serialize_item"].__func__)
+    return type(f"Keyed{hasher.__name__}", (hasher,), {"serialize_item": classmethod(serialize)})
+
+
 def keys_videos_by_bytes(video_io: type) -> bool:
     """vLLM 0.27+ returns the decoded video wrapped with its bytes (`MediaWithBytes`)."""
     try:
