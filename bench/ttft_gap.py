@@ -9,7 +9,10 @@ their TTFTs. TTFT = first streamed content delta, measured by an httpx client on
 
 Where the time went, per phase (the sequential videos, each warm burst): the server's /metrics
 before and after, as mean ms per observation of each stage (the plugin's media stages and encoder
-calls, vLLM's queue, prefill and TTFT); stages a server does not export are left out.
+calls, vLLM's queue, prefill and TTFT; the media stages' split into on a CPU, waiting for a
+CPU and blocked); stages a server does not export are left out.
+
+    python bench/ttft_gap.py --between before.txt after.txt   # the same breakdown, saved scrapes
 """
 
 from __future__ import annotations
@@ -39,12 +42,29 @@ STAGES = {
     "TTFT (server side)": ("vllm:time_to_first_token_seconds", {}),
 }
 
+# Where a stage's calling thread spent its wall time (the plugin's thread-state counter), per
+# observation of the stage: label -> (stage label above, media stage, state).
+THREAD_STATES = {
+    f"{indent}{what}": (parent, stage, state)
+    for parent, stage, indent in (
+        ("mp4 decode (API server)", "video_decode", "    decode "),
+        ("vLLM processor (API server)", "mm_processor", "    processor "),
+    )
+    for state, what in (
+        ("on_cpu", "on a CPU"),
+        ("runnable", "waiting for a CPU"),
+        ("blocked", "blocked (GIL, locks, I/O, other threads)"),
+    )
+}
+THREAD_COUNTER = "gemma4_media_preprocess_thread_seconds_total"
+
 Sums = dict[str, tuple[float, float]]
 
 
 def stage_sums(exposition: str) -> Sums:
-    """(sum seconds, count) per STAGES label, summed over processes and other labels."""
-    totals: dict[str, list[float]] = {label: [0.0, 0.0] for label in STAGES}
+    """(sum seconds, count) per STAGES and THREAD_STATES label, summed over processes and other
+    labels; a thread state's count is its stage's."""
+    totals: dict[str, list[float]] = {label: [0.0, 0.0] for label in (*STAGES, *THREAD_STATES)}
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             for label, (name, want) in STAGES.items():
@@ -53,6 +73,12 @@ def stage_sums(exposition: str) -> Sums:
                 if any(sample.labels.get(k) != v for k, v in want.items()):
                     continue
                 totals[label][sample.name.endswith("_count")] += sample.value
+            if sample.name == THREAD_COUNTER:
+                for label, (_, stage, state) in THREAD_STATES.items():
+                    if sample.labels.get("stage") == stage and sample.labels.get("state") == state:
+                        totals[label][0] += sample.value
+    for label, (parent, _, _) in THREAD_STATES.items():
+        totals[label][1] = totals[parent][1]
     return {label: (s, c) for label, (s, c) in totals.items()}
 
 
@@ -159,14 +185,28 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--target")
+    parser.add_argument("--model")
+    parser.add_argument(
+        "--between",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="only print the per-stage breakdown between two saved /metrics scrapes (files)",
+    )
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--text-words", type=int, default=480)
     parser.add_argument("--burst", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.between:
+        before, after = (stage_sums(path.read_text()) for path in args.between)
+        for label, v in breakdown(before, after).items():
+            print(f"{label:<60} {v['mean_ms']:8.1f} ms  x{v['count']:.0f}")
+        return
+    if not (args.target and args.model):
+        parser.error("--target and --model are required (or --between BEFORE AFTER)")
     results = asyncio.run(run(args))
     line = (
         f"text p50 {results['text_ttft_ms']['p50']:.1f} ms | video p50 "

@@ -826,7 +826,33 @@ def encoder_dashboard() -> dict[str, Any]:
             ],
             "s",
         ),
-        w=24,
+        w=12,
+    )
+    media = f'{p}, stage=~"video_decode|mm_processor"'
+    b.add(
+        timeseries(
+            "Media preprocessing: where the thread's time goes",
+            "Share of the mp4 decode's and vLLM's processor call's wall time by the calling "
+            "thread's state (gemma4_media_preprocess_thread_seconds_total{stage,state}): "
+            "on_cpu = working; runnable = ready but waiting for a CPU (the pod's CPUs are "
+            "oversubscribed: raise its CPU request/limit or lower --api-server-count); "
+            "blocked = waiting for the GIL, a lock, I/O or other threads (more API servers "
+            "spread the GIL).",
+            [
+                (
+                    # each state's seconds over its stage's wall seconds (idle windows dropped)
+                    "sum by (stage, state) (rate("
+                    f"gemma4_media_preprocess_thread_seconds_total{{{media}}}[{RATE}]))\n"
+                    "/ on (stage) group_left ()\n"
+                    f"((sum by (stage) (rate(gemma4_media_preprocess_seconds_sum{{{media}}}"
+                    f"[{RATE}]))) > 0)",
+                    "{{stage}} {{state}}",
+                )
+            ],
+            "percentunit",
+            max1=True,
+        ),
+        w=12,
     )
     b.row("Correctness and fallbacks")
     b.add(

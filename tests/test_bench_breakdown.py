@@ -30,14 +30,21 @@ def test_one_video_appears_once_in_every_stage_it_passes(vllm_server):
     resp = httpx.post(f"{vllm_server.base_url}/chat/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
     stages = ttft_gap.breakdown(before, ttft_gap.stage_sums(vllm_server.metrics_text()))
-    assert set(stages) == set(ttft_gap.STAGES)  # the plugin's stages and vLLM's all present
+    # the plugin's stages, their thread states and vLLM's stages all present
+    assert set(stages) == set(ttft_gap.STAGES) | set(ttft_gap.THREAD_STATES)
     for label in ("mp4 decode (API server)", "vLLM processor (API server)", "prefill (engine)"):
         assert stages[label]["count"] == 1, (label, stages)
     assert stages["  of which image processor"]["count"] >= 1
     assert stages["vision encoder, per call (engine)"]["count"] >= 1
-    assert all(v["mean_ms"] > 0 for k, v in stages.items() if k != "queue (engine)"), stages
+    timed = [label for label in ttft_gap.STAGES if label != "queue (engine)"]
+    assert all(stages[label]["mean_ms"] > 0 for label in timed), stages
     proc = stages["vLLM processor (API server)"]["mean_ms"]
     assert stages["  of which image processor"]["mean_ms"] <= proc
+    # the processor's wall time splits into on a CPU, waiting for one and blocked, exactly
+    split = [v for k, v in stages.items() if k.startswith("    processor ")]
+    assert len(split) == 3 and all(v["count"] == 1 for v in split)
+    assert sum(v["mean_ms"] for v in split) == pytest.approx(proc, rel=1e-6)
+    assert stages["    processor on a CPU"]["mean_ms"] > 0
     # no request in between: a second breakdown over the same scrape is empty
     after = ttft_gap.stage_sums(vllm_server.metrics_text())
     assert ttft_gap.breakdown(after, after) == {}

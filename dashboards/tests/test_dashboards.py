@@ -114,6 +114,13 @@ def test_panel_structure(name: str) -> None:
             assert not unknown, f"{p['title']!r} uses undefined variables {unknown}"
 
 
+# `/ on (stage) group_left (...)`: the divisor starts after PromQL's vector-matching modifiers
+LABELS = r"\((?:\s*[A-Za-z_]\w*\s*,?)*\)"  # a label list: (stage) or (a, b)
+VECTOR_MATCHING = re.compile(
+    rf"^(?:(?:on|ignoring)\s*{LABELS}\s*)?(?:(?:group_left|group_right)\s*(?:{LABELS})?\s*)?"
+)
+
+
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_queries_use_windows_and_guards(name: str) -> None:
     for panel, t in dashlib.iter_targets(DASHBOARDS[name]):
@@ -127,7 +134,7 @@ def test_queries_use_windows_and_guards(name: str) -> None:
         assert not re.search(r"(?<!rate\()[a-z0-9_:]+_(sum|count)\{[^}]*\}\s*/", expr), title
         # Every division is guarded against idle (0/0 = NaN) windows, or divides by a constant.
         for m in re.finditer(r"/", expr):
-            rest = expr[m.end() :].lstrip()
+            rest = VECTOR_MATCHING.sub("", expr[m.end() :].lstrip())
             assert (rest.startswith("((") and ") > 0)" in rest) or re.match(r"[0-9.]+", rest), (
                 f"{title!r}: unguarded division"
             )

@@ -61,3 +61,11 @@ def test_stage_histogram_on_metrics(vllm_server) -> None:
         assert after.get(stage, 0) >= before.get(stage, 0) + 1, (stage, after)
     text = vllm_server.metrics_text()
     assert 'gemma4_media_preprocess_seconds_bucket{le="0.0005",stage="video_decode"}' in text
+    # where the API server's processor thread spent that time, all three states exported
+    for state in ("on_cpu", "runnable", "blocked"):
+        assert re.search(
+            r'^gemma4_media_preprocess_thread_seconds_total\{[^}]*stage="mm_processor"'
+            rf'[^}}]*state="{state}"[^}}]*\}} \S+$',
+            text,
+            re.M,
+        ), state

@@ -201,13 +201,12 @@ def timed_load_bytes(original: Any) -> Any:
     """`VideoMediaIO.load_bytes` recording `video_decode` (arguments passed through as given)."""
 
     def load_bytes(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = stages.ThreadClock.now()
         try:
             return original(self, *args, **kwargs)
         finally:
-            elapsed = time.perf_counter() - start
+            elapsed = stages.observe_since(stages.VIDEO_DECODE, start)
             _local.decode_seconds = getattr(_local, "decode_seconds", 0.0) + elapsed
-            stages.observe(stages.VIDEO_DECODE, elapsed)
 
     return load_bytes
 

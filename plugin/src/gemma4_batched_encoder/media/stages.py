@@ -1,6 +1,16 @@
 """Per-stage media preprocessing timing: `gemma4_media_preprocess_seconds{stage}`.
 
-The histogram is created lazily, once per process, in the process where a stage runs (the API
+Beside the wall time, where the calling thread spent it:
+`gemma4_media_preprocess_thread_seconds_total{stage,state}` with state
+- `on_cpu`: the thread ran (its CPU time);
+- `runnable`: it was ready but waited for a CPU (Linux run-queue delay,
+  /proc/thread-self/schedstat): the host's CPUs are oversubscribed;
+- `blocked`: the rest: waiting for the GIL, a lock or I/O, or for work on other threads.
+That tells a stage made slow by CPU starvation from one made slow by the GIL (the H200 sittings
+saw vLLM's processor grow from 18 to 55 ms under load with the cause unmeasured). Where schedstat
+is missing, `runnable` stays 0 and its time counts as `blocked`.
+
+The metrics are created lazily, once per process, in the process where a stage runs (the API
 server for everything measured here). With PROMETHEUS_MULTIPROC_DIR set (images/entrypoint.sh
 sets it) every process's samples appear on vLLM's /metrics.
 """
@@ -12,9 +22,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 METRIC_NAME = "gemma4_media_preprocess_seconds"
+THREAD_METRIC_NAME = "gemma4_media_preprocess_thread_seconds"  # a counter: exposed with _total
+THREAD_STATES = ("on_cpu", "runnable", "blocked")
+_SCHEDSTAT = "/proc/thread-self/schedstat"
 # 0.5 ms .. 2 s: a 480p frame's resize is ~1 ms, a burst of videos in one API server ~1 s.
 BUCKETS = (
     0.0005,
@@ -48,6 +61,7 @@ MM_PROCESSOR = "mm_processor"  # vLLM's whole Gemma 4 multimodal processor call 
 
 _lock = threading.Lock()
 _histogram: Any = None
+_thread_counter: Any = None
 
 
 def histogram() -> Any:
@@ -66,15 +80,72 @@ def histogram() -> Any:
         return _histogram
 
 
+def thread_counter() -> Any:
+    global _thread_counter
+    with _lock:
+        if _thread_counter is None:
+            from prometheus_client import Counter
+
+            _thread_counter = Counter(
+                THREAD_METRIC_NAME,
+                "Gemma 4 media preprocessing: the calling thread's time per stage by state "
+                "(on_cpu, runnable = waiting for a CPU, blocked = GIL, locks, I/O).",
+                ["stage", "state"],
+            )
+        return _thread_counter
+
+
 def observe(stage: str, seconds: float) -> None:
     with contextlib.suppress(Exception):  # metrics must never fail a request
         histogram().labels(stage=stage).observe(seconds)
 
 
+def run_queue_seconds() -> float | None:
+    """This thread's total time spent runnable but not running, or None where Linux has no
+    schedstat (the field is updated whenever the thread is scheduled in, so it is exact here)."""
+    try:
+        with open(_SCHEDSTAT, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ThreadClock(NamedTuple):
+    """Wall, thread CPU and run-queue readings of the calling thread at one moment."""
+
+    wall: float
+    cpu: float
+    run_queue: float | None
+
+    @classmethod
+    def now(cls) -> ThreadClock:
+        return cls(time.perf_counter(), time.thread_time(), run_queue_seconds())
+
+    def split(self, end: ThreadClock) -> tuple[float, dict[str, float]]:
+        """Wall seconds from self to end, and their split by THREAD_STATES (sums to the wall)."""
+        wall = end.wall - self.wall
+        on_cpu = min(max(0.0, end.cpu - self.cpu), wall)
+        runnable = 0.0
+        if self.run_queue is not None and end.run_queue is not None:
+            runnable = min(max(0.0, end.run_queue - self.run_queue), wall - on_cpu)
+        return wall, {"on_cpu": on_cpu, "runnable": runnable, "blocked": wall - on_cpu - runnable}
+
+
+def observe_since(stage: str, start: ThreadClock) -> float:
+    """Record a stage that ran on this thread since `start`; returns its wall seconds."""
+    wall, states = start.split(ThreadClock.now())
+    observe(stage, wall)
+    with contextlib.suppress(Exception):
+        counter = thread_counter()
+        for state, seconds in states.items():
+            counter.labels(stage=stage, state=state).inc(seconds)
+    return wall
+
+
 @contextmanager
 def timed(stage: str) -> Iterator[None]:
-    start = time.perf_counter()
+    start = ThreadClock.now()
     try:
         yield
     finally:
-        observe(stage, time.perf_counter() - start)
+        observe_since(stage, start)
