@@ -141,6 +141,8 @@ measure)
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
       --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
   fi
+  # The sweep's own per-stage breakdown: bench/ttft_gap.py --between BEFORE AFTER.
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$OUT/$name-metrics-before.txt" || true
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Cut a wheelhouse into carry-sized parts for the device machine (64 MiB per call):
+# Cut a wheelhouse into carry-sized parts for the device machine (64 MiB per call, the working
+# tree included, so a part is 64 MiB minus the tree minus 3 MiB unless PART_MB says otherwise):
 #
 #   bench/gpu/parts.sh .wheelhouse/vllm-0.26.0      # -> .whl/p01/part-aa ... .whl/pNN/ + our wheels
 #
@@ -11,11 +12,14 @@ set -euo pipefail
 WHEELHOUSE="${1:?usage: parts.sh WHEELHOUSE_DIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SKIP='^(torch|torchvision|torchaudio|triton|nvidia_|cuda_|transformers|huggingface_hub|tokenizers|safetensors|tokenspeed_|tilelang|z3_solver|vllm_gemma4_batched_encoder|slo_loadtest)-'
+tree_bytes=$(cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -n1 | cut -f1)
+PART_MB="${PART_MB:-$((61 - tree_bytes / 1048576))}"
+echo "working tree $((tree_bytes / 1048576)) MiB: parts of $PART_MB MiB"
 rm -rf "$ROOT/.whl"
 mkdir -p "$ROOT/.whl/split"
 name="$(basename "$WHEELHOUSE")"
 (cd "$(dirname "$WHEELHOUSE")" && find "$name" -name '*.whl' -printf '%f\n' | grep -Ev "$SKIP" |
-  sed "s|^|$name/|" | tar -cf - -T -) | split -b 60M - "$ROOT/.whl/split/part-"
+  sed "s|^|$name/|" | tar -cf - -T -) | split -b "${PART_MB}M" - "$ROOT/.whl/split/part-"
 i=0
 for part in "$ROOT"/.whl/split/part-*; do
   i=$((i + 1))
