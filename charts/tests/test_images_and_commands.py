@@ -114,7 +114,7 @@ def test_serving_container_runs_the_blog_command(tmp_path):
     assert argv[:3] == ["serve", "--model", "google/gemma-4-E4B-it"]
     assert argv[argv.index("--port") + 1] == "8000"
     assert argv[-len(BLOG_FLAGS) - 2 : -2] == BLOG_FLAGS  # the blog's flags, exactly
-    assert argv[-2:] == ["--api-server-count", "4"]
+    assert argv[-2:] == ["--api-server-count", "8"]
     argv = run(deployment_container(render("autoscaling-multi-replica")))
     assert argv[-4:] == ["--api-server-count", "2", "--max-num-seqs", "64"]
     assert argv[-10:-4] == BLOG_FLAGS  # defaults first, overrides after (later flags win)

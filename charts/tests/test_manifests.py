@@ -60,8 +60,8 @@ def test_serve_command_env_and_default_args():
     container = deployment_container(render("default"))
     assert container["command"] == ["/usr/local/bin/gemma4-entrypoint"]
     # the blog flags come from images/entrypoint.sh; the chart adds only the API servers
-    assert container["args"] == ["--api-server-count", "4"]
-    assert int(container["resources"]["requests"]["cpu"]) >= 4 + 4
+    assert container["args"] == ["--api-server-count", "8"]
+    assert int(container["resources"]["requests"]["cpu"]) >= 8 + 4
     env = env_of(container)
     assert env["MODEL"]["value"] == "google/gemma-4-E4B-it"
     assert env["PORT"]["value"] == "8000"
@@ -81,7 +81,7 @@ def test_flag_override_is_appended_verbatim():
     )
     container = deployment_container(render(values=values))
     assert container["args"] == [
-        *("--api-server-count", "4"),
+        *("--api-server-count", "8"),
         *("--limit-mm-per-prompt", '{"image": 4}', "--enable-prefix-caching"),
     ]
 
