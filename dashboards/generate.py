@@ -67,6 +67,10 @@ CONFIG: dict[str, Any] = {
     "vllm_job_regex": ".*(vllm|gemma4).*",
     "runbook_base_url": "https://github.com/gemma4-serving/gemma4-serving/blob/main/dashboards/runbooks.md",
     "waiting_queue_min": 5,
+    # Media stages' share of wall time spent waiting for a CPU above which the pod is starved.
+    # H200, 16 CPUs, vLLM 0.26.0 + plugin under 20-30 video req/s: 2-8% with 4 or 8 API servers,
+    # 22-34% with --mm-tensor-ipc torch_shm (bench/results/h200/vllm-0.26.0-random-8api).
+    "media_cpu_wait_max": 0.2,
     "dashboards": {
         "serving": {"uid": "gemma4-serving", "title": "Gemma 4 / Serving latency and SLO"},
         "encoder": {"uid": "gemma4-encoder", "title": "Gemma 4 / Vision encoder"},
@@ -1123,6 +1127,8 @@ def slo_rules() -> dict[str, Any]:
 def serving_alerts() -> dict[str, Any]:
     job = CONFIG["vllm_job_regex"]
     qmin = CONFIG["waiting_queue_min"]
+    cpu_wait = CONFIG["media_cpu_wait_max"]
+    media = 'stage=~"video_decode|mm_processor"'
     alerts = [
         {
             "alert": "Gemma4EncoderFallbacks",
@@ -1193,6 +1199,25 @@ def serving_alerts() -> dict[str, Any]:
                 "{{ $value | humanize }} waiting requests and the queue has grown for 10 "
                 "minutes: the pod is saturated and latency will break the SLO. Scale out.",
                 "runbook_url": runbook("Gemma4VllmWaitingQueueGrowing"),
+            },
+        },
+        {
+            "alert": "Gemma4MediaCpuStarved",
+            "expr": (
+                "sum by (namespace, pod) (rate(gemma4_media_preprocess_thread_seconds_total"
+                f'{{state="runnable", {media}}}[10m]))\n/\n'
+                "sum by (namespace, pod) (rate(gemma4_media_preprocess_seconds_sum"
+                f"{{{media}}}[10m]))\n> {cpu_wait}\n"
+            ),
+            "for": "15m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "Video preprocessing waits for CPUs.",
+                "description": "In {{ $labels.pod }} ({{ $labels.namespace }}) "
+                "{{ $value | humanizePercentage }} of the mp4 decode and multimodal processor "
+                "time over 10 minutes was spent waiting for a CPU: the pod's CPUs are "
+                "oversubscribed, which adds to every video's time to first token.",
+                "runbook_url": runbook("Gemma4MediaCpuStarved"),
             },
         },
     ]
