@@ -184,3 +184,28 @@ def test_analyze_rejects_bad_input(tmp_path: Path) -> None:
     same = str(FIXTURES / "text-1rps.json")
     r = CliRunner().invoke(cli, ["analyze", same, same])
     assert r.exit_code == 2 and "two results" in r.output
+
+
+def test_confidence_interval_of_p95_from_a_real_h200_report(tmp_path: Path) -> None:
+    """guidellm 0.8.1's own interval, read from a committed H200 sweep (~200 requests a rate):
+    25 req/s (p95 292 ms) is marginal against the 300 ms SLO, 20 req/s (141 ms) is not."""
+    import tarfile
+
+    from slo_loadtest.verdict import RateResult, judge_result
+
+    sweep = Path(__file__).parents[2] / "bench/results/h200/vllm-0.26.0-random-8api/sweep-p8"
+    with tarfile.open(sweep / "steps.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    notes = {}
+    for rate in (20, 25):
+        (x,) = load_report(tmp_path / f"steps/video-r{rate}/guidellm-report.json").measurements
+        assert x.latency_p95_ci_low_ms < x.latency_p95_ms < x.latency_p95_ci_high_ms
+        r = judge_result(RateResult(workload="video", target_rate=rate, measurement=x), Criteria())
+        notes[rate] = [n for n in r.notes if n.startswith("marginal")]
+    assert notes[20] == []
+    assert len(notes[25]) == 1 and "251..325 ms" in notes[25][0]
+
+
+def test_too_few_requests_give_no_interval() -> None:
+    x = m("text-1rps")  # 3 requests: guidellm reports no percentile interval
+    assert x.latency_p95_ci_low_ms is None and x.latency_p95_ci_high_ms is None

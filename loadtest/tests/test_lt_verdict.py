@@ -133,3 +133,20 @@ def test_report_says_plainly_that_no_content_streamed() -> None:
     md = to_markdown(s)
     assert "not (fully) measured" not in md and "## Notes" not in md
     assert 'extra request body: `{"skip_special_tokens": false}`' in md
+
+
+def test_a_marginal_rate_is_noted_without_changing_the_verdict() -> None:
+    from slo_loadtest.verdict import judge_result
+
+    def noted(lo: float | None, hi: float | None, p95: float) -> tuple[bool, list[str]]:
+        m = replace(GOOD, latency_p95_ms=p95, latency_p95_ci_low_ms=lo, latency_p95_ci_high_ms=hi)
+        r = judge_result(RateResult(workload="video", target_rate=10, measurement=m), C)
+        return r.passed, r.notes
+
+    passed, notes = noted(251, 325, 292)  # SLO 300 inside: passes, but marginally
+    assert passed and len(notes) == 1 and "marginal" in notes[0] and "251..325 ms" in notes[0]
+    passed, notes = noted(290, 340, 310)
+    assert not passed and "marginal" in notes[0]
+    assert noted(110, 180, 141) == (True, [])  # clearly below
+    assert noted(320, 400, 350)[1] == []  # clearly above
+    assert noted(None, None, 299) == (True, [])  # no interval reported

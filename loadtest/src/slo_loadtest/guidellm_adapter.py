@@ -245,6 +245,11 @@ class Measurement:
     # successful requests with a first streamed token (guidellm's TTFT sample count); fewer than
     # ``successful`` means some requests streamed no content. None: not in the report.
     ttft_samples: int | None = None
+    # guidellm's 95% confidence interval of the p95 total latency (distribution-free, from the
+    # order statistics of all successful requests); None: guidellm reported none (too few
+    # requests, or a guidellm without percentile_cis).
+    latency_p95_ci_low_ms: float | None = None
+    latency_p95_ci_high_ms: float | None = None
     stop_reason: str = ""
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -289,6 +294,13 @@ def _pct(dist: Any, name: str, scale: float = 1.0, status: str = "successful") -
     if not _has_values(dist, status):
         return None
     return _num(_get(dist, status, "percentiles", name), scale)
+
+
+def _pct_ci(dist: Any, name: str, bound: str, scale: float = 1.0) -> float | None:
+    """A bound of guidellm's confidence interval of a percentile of the successful requests."""
+    if not _has_values(dist, "successful"):
+        return None
+    return _num(_get(dist, "successful", "percentile_cis", name, bound), scale)
 
 
 def _median(dist: Any, scale: float = 1.0, status: str = "successful") -> float | None:
@@ -367,6 +379,8 @@ def _measurement(b: Mapping[str, Any], labels: dict[str, str]) -> Measurement:
         output_tokens_mean=_num(_get(m, "output_token_count", "successful", "mean")),
         guidellm_rps_mean=_num(_get(m, "requests_per_second", "successful", "mean")),
         ttft_samples=_count(m.get("time_to_first_token_ms")),
+        latency_p95_ci_low_ms=_pct_ci(m.get("request_latency"), "p95", "lower", 1000.0),
+        latency_p95_ci_high_ms=_pct_ci(m.get("request_latency"), "p95", "upper", 1000.0),
         stop_reason=_stop_reason(b),
         labels=labels,
     )

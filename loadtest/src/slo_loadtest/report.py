@@ -14,7 +14,8 @@ from slo_loadtest.verdict import NO_CONTENT_HINT
 CSV_COLUMNS = [
     "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
     "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "itl_median_ms", "itl_p95_ms",
-    "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "successful", "errored", "incomplete",
+    "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_p95_ci_low_ms",
+    "latency_p95_ci_high_ms", "successful", "errored", "incomplete",
     "dispatch_delay_median_ms", "dispatch_delay_p95_ms", "prompt_tokens_mean",
     "output_tokens_mean", "duration_s", "stop_reason", "search_probe", "wall_s",
     "guidellm_version", "reasons", "message", "notes",
@@ -119,7 +120,7 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     out.append("")
     out.append(
         "| workload | target | achieved | TTFT p50 / p95 / p99 ms | ITL median / p95 ms "
-        "| total p95 ms | ok / err / incomplete | dispatch p95 ms | pass | why not |"
+        "| total p95 ms (95% CI) | ok / err / incomplete | dispatch p95 ms | pass | why not |"
     )
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -131,7 +132,7 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
             f"| {_fmt(row.get('ttft_p50_ms'))} / {_fmt(row.get('ttft_p95_ms'))} / "
             f"{_fmt(row.get('ttft_p99_ms'))} "
             f"| {_fmt(row.get('itl_median_ms'), 1)} / {_fmt(row.get('itl_p95_ms'), 1)} "
-            f"| {_fmt(row.get('latency_p95_ms'))} "
+            f"| {_fmt(row.get('latency_p95_ms'))}{_ci(row)} "
             f"| {_fmt(row.get('successful'))} / {_fmt(row.get('errored'))} / "
             f"{_fmt(row.get('incomplete'))} "
             f"| {_fmt(row.get('dispatch_delay_p95_ms'))} "
@@ -152,6 +153,11 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
             out.append(f"![{Path(p).stem}]({Path(p).name})")
     out.append("")
     return "\n".join(out)
+
+
+def _ci(row: Mapping[str, Any]) -> str:
+    lo, hi = row.get("latency_p95_ci_low_ms"), row.get("latency_p95_ci_high_ms")
+    return "" if lo is None or hi is None else f" ({_fmt(lo)}..{_fmt(hi)})"
 
 
 def write_text(path: Path, text: str) -> Path:

@@ -13,11 +13,14 @@ A rate passes when all of these hold:
   successful requests cannot show;
 * the rate actually ran (guidellm produced a report with at least one successful request).
 
-Notes (``RateResult.notes``) never change the verdict. The one kept today: successful requests
-that streamed no content. TTFT and ITL are timed from the first and later streamed text deltas;
-a model that emits only special tokens (dummy weights) streams none, because vLLM drops special
-tokens from streamed text, so those columns stay empty (or ITL reads 0) although the total
-latency, which the SLO judges, is measured.
+Notes (``RateResult.notes``) never change the verdict. Two are kept today. A *marginal* rate:
+the SLO lies inside guidellm's 95% confidence interval of the p95 total latency, so a rerun of
+the same length may well give the other verdict (seen on the H200: one server failed 25 req/s at
+331 ms and passed 30 at 242 ms with ~200 requests a rate); a longer ``--duration`` narrows the
+interval. And successful requests that streamed no content: TTFT and ITL are timed from the
+first and later streamed text deltas; a model that emits only special tokens (dummy weights)
+streams none, because vLLM drops special tokens from streamed text, so those columns stay empty
+(or ITL reads 0) although the total latency, which the SLO judges, is measured.
 
 A workload's *highest passing rate* is the highest tested rate such that it and every lower
 tested rate passed, so one lucky rate above a failing one does not count.
@@ -136,6 +139,18 @@ def content_notes(m: Measurement) -> list[str]:
     return []
 
 
+def marginal_notes(m: Measurement, c: Criteria) -> list[str]:
+    """A note when the SLO lies inside the p95's confidence interval (see module doc)."""
+    lo, hi = m.latency_p95_ci_low_ms, m.latency_p95_ci_high_ms
+    if lo is None or hi is None or not lo <= c.slo_ms <= hi:
+        return []
+    return [
+        f"marginal: the SLO ({c.slo_ms:g} ms) lies inside the 95% confidence interval of the "
+        f"p95 total latency, {lo:.0f}..{hi:.0f} ms ({m.successful} requests), so a rerun may "
+        "give the other verdict; a longer --duration narrows the interval"
+    ]
+
+
 def judge_result(r: RateResult, c: Criteria) -> RateResult:
     if r.status != STATUS_OK or r.measurement is None:
         r.passed = False
@@ -144,7 +159,7 @@ def judge_result(r: RateResult, c: Criteria) -> RateResult:
             r.reasons = [r.message or r.status]
         return r
     r.passed, r.reasons = judge(r.measurement, c)
-    r.notes = content_notes(r.measurement)
+    r.notes = marginal_notes(r.measurement, c) + content_notes(r.measurement)
     return r
 
 
