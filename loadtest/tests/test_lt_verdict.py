@@ -150,3 +150,29 @@ def test_a_marginal_rate_is_noted_without_changing_the_verdict() -> None:
     assert noted(110, 180, 141) == (True, [])  # clearly below
     assert noted(320, 400, 350)[1] == []  # clearly above
     assert noted(None, None, 299) == (True, [])  # no interval reported
+
+
+def test_report_marks_a_marginal_edge_and_keeps_the_content_warning_for_content() -> None:
+    from slo_loadtest.report import to_csv, to_markdown
+    from slo_loadtest.verdict import judge_result
+
+    def rate(r: float, p95: float, lo: float, hi: float) -> RateResult:
+        m = replace(
+            GOOD, target_rate=r, achieved_rate=r, incomplete=0, latency_p95_ms=p95,
+            latency_p95_ci_low_ms=lo, latency_p95_ci_high_ms=hi,
+        )  # fmt: skip
+        return judge_result(RateResult(workload="video", target_rate=r, measurement=m), C)
+
+    s = build_summary(
+        [rate(20, 141, 130, 175), rate(25, 292, 251, 325), rate(30, 900, 700, 1000)], C
+    )
+    md = to_markdown(s)
+    assert "| video | 25 req/s (marginal) | 30 req/s |" in md
+    assert "292 (251..325)" in md
+    assert "not (fully) measured" not in md  # a marginal note is not a missing-content note
+    assert "- video 25 req/s: marginal: the SLO (300 ms) lies inside" in md
+    header, *rows = to_csv(s).splitlines()
+    cols = header.split(",")
+    row25 = dict(zip(cols, rows[1].split(","), strict=False))
+    assert float(row25["latency_p95_ci_low_ms"]) == 251
+    assert float(row25["latency_p95_ci_high_ms"]) == 325

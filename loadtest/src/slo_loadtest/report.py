@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slo_loadtest.verdict import NO_CONTENT_HINT
+from slo_loadtest.verdict import MARGINAL, NO_CONTENT_HINT
 
 CSV_COLUMNS = [
     "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
@@ -87,10 +87,18 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
         out.append(f"- extra request body: `{json.dumps(extra_body, sort_keys=True)}`")
     rows = flat_rows(summary)
     noted = [row for row in rows if row["notes"]]
-    if noted:
+    no_content = [
+        r for r in summary["results"] if any(not n.startswith(MARGINAL) for n in r.get("notes", []))
+    ]
+    marginal = {
+        (r["workload"], r["target_rate"])
+        for r in summary["results"]
+        if any(n.startswith(MARGINAL) for n in r.get("notes", []))
+    }
+    if no_content:
         at: dict[str, list[str]] = {}
-        for row in noted:
-            at.setdefault(row["workload"], []).append(f"{row['target_rate']:g}")
+        for r in no_content:
+            at.setdefault(r["workload"], []).append(f"{r['target_rate']:g}")
         where = "; ".join(f"{w} {', '.join(rates)} req/s" for w, rates in at.items())
         out.append(
             f"- **TTFT/ITL not (fully) measured** at {where}: some or all successful requests "
@@ -111,9 +119,17 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     out.append("|---|---|---|---|")
     for name, w in summary["workloads"].items():
         req = w.get("requirement_met")
+        hp, ff = w["highest_passing_rate"], w["first_failing_rate"]
         out.append(
-            f"| {name} | {_rate(w['highest_passing_rate'])} | {_rate(w['first_failing_rate'])} "
+            f"| {name} | {_rate(hp)}{' (marginal)' if (name, hp) in marginal else ''} "
+            f"| {_rate(ff)}{' (marginal)' if (name, ff) in marginal else ''} "
             f"| {'–' if req is None else ('yes' if req else 'no')} |"
+        )
+    if marginal:
+        out.append("")
+        out.append(
+            "(marginal: the SLO lies inside the 95% confidence interval of that rate's p95, so a "
+            "rerun of the same length may give the other verdict; see Notes.)"
         )
     out.append("")
     out.append("## Per rate")

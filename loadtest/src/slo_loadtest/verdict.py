@@ -139,13 +139,16 @@ def content_notes(m: Measurement) -> list[str]:
     return []
 
 
+MARGINAL = "marginal:"  # how a marginal note starts (report.py tells it from content notes)
+
+
 def marginal_notes(m: Measurement, c: Criteria) -> list[str]:
     """A note when the SLO lies inside the p95's confidence interval (see module doc)."""
     lo, hi = m.latency_p95_ci_low_ms, m.latency_p95_ci_high_ms
     if lo is None or hi is None or not lo <= c.slo_ms <= hi:
         return []
     return [
-        f"marginal: the SLO ({c.slo_ms:g} ms) lies inside the 95% confidence interval of the "
+        f"{MARGINAL} the SLO ({c.slo_ms:g} ms) lies inside the 95% confidence interval of the "
         f"p95 total latency, {lo:.0f}..{hi:.0f} ms ({m.successful} requests), so a rerun may "
         "give the other verdict; a longer --duration narrows the interval"
     ]
