@@ -21,6 +21,9 @@
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
 #                                           greedy outputs or TTFT gap)
+#   bench/gpu/h200.sh profile NAME PORT WORKLOAD RATE SECONDS   py-spy of the server's engine core
+#                                           and first API server while a constant-rate load runs
+#                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=/tmp/site
@@ -155,6 +158,36 @@ measure)
   grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
   # Sums and counts only: per-stage means (media stages, encoder, vLLM's queue/prefill/decode).
   curl -s "http://127.0.0.1:$port/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$OUT/$name-metrics.txt" || true
+  ;;
+profile)
+  name="${1:?name}" port="${2:?port}" workload="${3:?workload}" rate="${4:?rate}" seconds="${5:?seconds}"
+  cd "$REPO"
+  pgid="$(cut -d' ' -f1 "/tmp/port-$port")" # serve started the server with setsid: its group
+  pid_of() { ps -e -o pid=,pgid=,args= | awk -v g="$pgid" -v t="$1" '$2 == g && $3 ~ t {print $1; exit}'; }
+  # vLLM titles its processes VLLM::EngineCore and VLLM::APIServer_N; with one API server the
+  # group's leader (the entrypoint exec'd into vLLM) is the API server.
+  engine="$(pid_of '^VLLM::EngineCore')" api="$(pid_of '^VLLM::APIServer')"
+  api="${api:-$pgid}"
+  echo "engine core pid ${engine:-?}, API server pid ${api:-?}"
+  slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "$workload" \
+    --rates "$rate" --duration $((seconds + 15)) --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
+    --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 \
+    --out "/tmp/profile-$name" --data-dir "/tmp/data-$name" --no-print-summary >"/tmp/profile-$name.log" 2>&1 &
+  load=$!
+  sleep 10 # data written, load running
+  for what in engine api; do
+    pid="${!what}"
+    [[ -n "$pid" ]] || continue
+    py-spy record --pid "$pid" --duration "$seconds" --rate 100 --idle --threads --nonblocking --format raw \
+      --output "$OUT/$name-$what.txt" >/dev/null 2>&1 &
+  done
+  wait "$load" || true
+  wait || true # the profilers
+  grep -E "PASS|FAIL" "/tmp/profile-$name.log" || tail -n 5 "/tmp/profile-$name.log"
+  for what in engine api; do
+    [[ -s "$OUT/$name-$what.txt" ]] &&
+      python3 bench/pyspy_top.py "$OUT/$name-$what.txt" --top 25 --out "$OUT/$name-$what-top.json" | head -n 30
+  done
   ;;
 *)
   echo "unknown step $cmd" >&2

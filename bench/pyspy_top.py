@@ -1,0 +1,99 @@
+"""Where a process spent its time: the top functions of a py-spy raw (collapsed-stack) profile.
+
+    py-spy record --pid PID --duration 20 --rate 100 --idle --threads --format raw --output e.txt
+    python bench/pyspy_top.py e.txt --top 25 --out e-top.json
+
+Prints two tables, each as % of all samples: *self* (the innermost frame: where the thread was
+when sampled) and *inclusive* (every frame on the stack, counted once per sample: which call
+trees hold the time). Frames are py-spy's `function (file:line)`; line numbers are dropped so a
+function's samples add up. With `--threads`, also each thread's share and its top frames (an
+idle thread waiting on a queue is told apart from the busy loop). Made for the H200 sittings'
+question "where does vLLM's engine core spend its time at the rate where ITL breaks"
+(bench/gpu/h200.sh profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+_LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
+_LINENO = re.compile(r":\d+\)$")
+
+
+def parse(text: str) -> list[tuple[tuple[str, ...], int]]:
+    """(frames outermost first, sample count) per line of py-spy's raw output."""
+    stacks = []
+    for line in text.splitlines():
+        m = _LINE.match(line.strip())
+        if not m:
+            continue
+        frames = tuple(_LINENO.sub(")", f.strip()) for f in m["stack"].split(";") if f.strip())
+        stacks.append((frames, int(m["count"])))
+    return stacks
+
+
+def _thread(frames: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """Split off py-spy's `--threads` root frame ("thread (TID): NAME")."""
+    if frames and frames[0].startswith("thread ("):
+        return frames[0], frames[1:]
+    return "", frames
+
+
+def top(stacks: list[tuple[tuple[str, ...], int]], n: int = 20) -> dict[str, object]:
+    """Top n functions by self and by inclusive share of all samples (percent); with
+    `--threads` profiles also each thread's share and its own top self frames."""
+    total = sum(count for _, count in stacks)
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    thread_own: dict[str, Counter[str]] = {}
+    for stack, count in stacks:
+        thread, frames = _thread(stack)
+        if frames:
+            own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+        if thread:
+            threads[thread] += count
+            thread_own.setdefault(thread, Counter())[frames[-1] if frames else "?"] += count
+
+    def pct(counter: Counter[str], k: int = n) -> list[tuple[str, float]]:
+        return [(f, 100.0 * c / total) for f, c in counter.most_common(k)] if total else []
+
+    return {
+        "samples": total,
+        "self": pct(own),
+        "inclusive": pct(inclusive),
+        "threads": [
+            {"thread": t, "share": share, "self": pct(thread_own[t], 8)}
+            for t, share in pct(threads)
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path, help="py-spy record --format raw output")
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--out", type=Path, help="also write the tables as JSON")
+    args = parser.parse_args()
+    result = top(parse(args.raw.read_text()), args.top)
+    print(f"{args.raw}: {result['samples']} samples")
+    for kind in ("self", "inclusive"):
+        print(f"  {kind}:")
+        for frame, share in result[kind]:  # type: ignore[union-attr]
+            print(f"    {share:5.1f}%  {frame}")
+    for t in result["threads"]:  # type: ignore[union-attr]
+        print(f"  thread {t['thread']}: {t['share']:.1f}%")
+        for frame, share in t["self"]:
+            print(f"    {share:5.1f}%  {frame}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
