@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -60,39 +60,43 @@ IMAGE_PROCESSOR = "image_processor"  # Gemma 4 image processor: resize, rescale,
 MM_PROCESSOR = "mm_processor"  # vLLM's whole Gemma 4 multimodal processor call (HF + tokens)
 
 _lock = threading.Lock()
-_histogram: Any = None
-_thread_counter: Any = None
+_metrics: dict[str, Any] = {}
+
+
+def _once(name: str, make: Callable[[], Any]) -> Any:
+    """The process's metric `name`, created on first use (prometheus_client forbids duplicates)."""
+    with _lock:
+        if name not in _metrics:
+            _metrics[name] = make()
+        return _metrics[name]
 
 
 def histogram() -> Any:
-    """The process's histogram, created on first use (prometheus_client forbids duplicates)."""
-    global _histogram
-    with _lock:
-        if _histogram is None:
-            from prometheus_client import Histogram
+    from prometheus_client import Histogram
 
-            _histogram = Histogram(
-                METRIC_NAME,
-                "Gemma 4 media preprocessing time per stage (seconds).",
-                ["stage"],
-                buckets=BUCKETS,
-            )
-        return _histogram
+    return _once(
+        METRIC_NAME,
+        lambda: Histogram(
+            METRIC_NAME,
+            "Gemma 4 media preprocessing time per stage (seconds).",
+            ["stage"],
+            buckets=BUCKETS,
+        ),
+    )
 
 
 def thread_counter() -> Any:
-    global _thread_counter
-    with _lock:
-        if _thread_counter is None:
-            from prometheus_client import Counter
+    from prometheus_client import Counter
 
-            _thread_counter = Counter(
-                THREAD_METRIC_NAME,
-                "Gemma 4 media preprocessing: the calling thread's time per stage by state "
-                "(on_cpu, runnable = waiting for a CPU, blocked = GIL, locks, I/O).",
-                ["stage", "state"],
-            )
-        return _thread_counter
+    return _once(
+        THREAD_METRIC_NAME,
+        lambda: Counter(
+            THREAD_METRIC_NAME,
+            "Gemma 4 media preprocessing: the calling thread's time per stage by state "
+            "(on_cpu, runnable = waiting for a CPU, blocked = GIL, locks, I/O).",
+            ["stage", "state"],
+        ),
+    )
 
 
 def observe(stage: str, seconds: float) -> None:
