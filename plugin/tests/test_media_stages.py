@@ -20,6 +20,14 @@ def spin(seconds: float) -> None:
         pass
 
 
+def burn(cpu_seconds: float) -> None:
+    """Run until this thread has used cpu_seconds of CPU (however long other threads hold the GIL
+    or other processes the CPUs)."""
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        pass
+
+
 def states_of(work) -> tuple[float, dict[str, float]]:
     start = stages.ThreadClock.now()
     work()
@@ -46,18 +54,20 @@ def test_sleep_is_blocked() -> None:
 
 def test_waiting_for_a_cpu_is_runnable() -> None:
     assert stages.run_queue_seconds() is not None, "Linux schedstat missing"
-    busy = [mp.Process(target=spin, args=(3.0,)) for _ in range((os.cpu_count() or 1) + 2)]
+    busy = [mp.Process(target=spin, args=(3.0,)) for _ in range(2 * (os.cpu_count() or 1) + 2)]
     for p in busy:
         p.start()
     try:
         time.sleep(0.3)  # let them all run
-        wall, states = states_of(lambda: spin(0.5))
+        wall, states = states_of(lambda: burn(0.3))
     finally:
         for p in busy:
             p.terminate()
             p.join()
-    assert states["runnable"] > 0.1 * wall, states
-    assert states["blocked"] < 0.2 * wall, states
+    # 2 x cpu_count + 2 spinning processes: this thread gets well under its fair share of a CPU, and
+    # the wait shows as runnable, not blocked (which only other threads' GIL holds can add here)
+    assert states["runnable"] > 0.25 * wall, states
+    assert states["runnable"] > states["blocked"], states
 
 
 def test_waiting_for_the_gil_is_blocked() -> None:
@@ -94,9 +104,9 @@ def test_timed_records_wall_and_states_on_the_registry() -> None:
     wall0, states0 = read()
     with stages.timed("test_stage"):
         time.sleep(0.05)
-        spin(0.05)
+        burn(0.05)
     wall1, states1 = read()
     delta = {s: states1[s] - states0[s] for s in stages.THREAD_STATES}
     assert wall1 - wall0 >= 0.1
     assert abs(sum(delta.values()) - (wall1 - wall0)) < 1e-6
-    assert delta["blocked"] >= 0.045 and delta["on_cpu"] + delta["runnable"] >= 0.045, delta
+    assert delta["blocked"] >= 0.045 and delta["on_cpu"] >= 0.05, delta
