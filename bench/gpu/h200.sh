@@ -42,6 +42,11 @@ export PYTHONPATH="$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 
 log_of() { cut -d' ' -f2 "/tmp/port-$1"; }
+# save_metrics PORT FILE: the server's gemma4_/vllm: sums and counts (no buckets), for
+# bench/ttft_gap.py --between BEFORE AFTER.
+save_metrics() {
+  curl -s "http://127.0.0.1:$1/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$2" || true
+}
 
 # wait_for PORT WHAT LIMIT_S CHECK...: until CHECK succeeds; fail fast when the server's process
 # has exited (no waiting on a dead server) or after LIMIT_S (WAIT_S overrides).
@@ -144,8 +149,7 @@ measure)
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
       --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
   fi
-  # The sweep's own per-stage breakdown: bench/ttft_gap.py --between BEFORE AFTER.
-  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$OUT/$name-metrics-before.txt" || true
+  save_metrics "$port" "$OUT/$name-metrics-before.txt" # the sweep's own per-stage breakdown
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
@@ -156,8 +160,7 @@ measure)
     tar -czf "$OUT/sweep-$name/steps.tgz" -C "$OUT/sweep-$name" steps && rm -rf "$OUT/sweep-$name/steps"
   fi
   grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
-  # Sums and counts only: per-stage means (media stages, encoder, vLLM's queue/prefill/decode).
-  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^(gemma4_|vllm:)" | grep -v _bucket >"$OUT/$name-metrics.txt" || true
+  save_metrics "$port" "$OUT/$name-metrics.txt"
   ;;
 profile)
   name="${1:?name}" port="${2:?port}" workload="${3:?workload}" rate="${4:?rate}" seconds="${5:?seconds}"
