@@ -102,6 +102,10 @@ RATE = "$__rate_interval"
 # --------------------------------------------------------------------------------------
 # PromQL helpers
 # --------------------------------------------------------------------------------------
+# The media stages whose thread states the panel and the CPU-starvation alert read.
+MEDIA_WAIT_STAGES = 'stage=~"video_decode|mm_processor"'
+
+
 def divide(num: str, den: str) -> str:
     """num / den, with idle periods (den == 0) dropped instead of drawn as NaN."""
     return f"({num})\n/\n(({den}) > 0)"
@@ -832,7 +836,7 @@ def encoder_dashboard() -> dict[str, Any]:
         ),
         w=12,
     )
-    media = f'{p}, stage=~"video_decode|mm_processor"'
+    media = f"{p}, {MEDIA_WAIT_STAGES}"
     b.add(
         timeseries(
             "Media preprocessing: where the thread's time goes",
@@ -1128,7 +1132,7 @@ def serving_alerts() -> dict[str, Any]:
     job = CONFIG["vllm_job_regex"]
     qmin = CONFIG["waiting_queue_min"]
     cpu_wait = CONFIG["media_cpu_wait_max"]
-    media = 'stage=~"video_decode|mm_processor"'
+    media = MEDIA_WAIT_STAGES
     alerts = [
         {
             "alert": "Gemma4EncoderFallbacks",
