@@ -65,7 +65,11 @@ _metrics: dict[str, Any] = {}
 
 
 def _once(name: str, make: Callable[[], Any]) -> Any:
-    """The process's metric `name`, created on first use (prometheus_client forbids duplicates)."""
+    """The process's metric `name`, created on first use (prometheus_client forbids duplicates).
+    Every media stage calls this: once created, no lock is taken."""
+    metric = _metrics.get(name)
+    if metric is not None:
+        return metric
     with _lock:
         if name not in _metrics:
             _metrics[name] = make()
