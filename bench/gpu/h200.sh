@@ -33,7 +33,9 @@ SITE=/tmp/site
 WEIGHTS="${WEIGHTS:-random}"
 # vLLM 0.26.0 refused transformers 5.17's random E4B checkpoint at its 512-wide full-attention
 # norms (2026-11-30 sitting), so random weights are built with head_dim 256 on every layer.
-BUILD_ARGS="${BUILD_ARGS-$([[ $WEIGHTS == random ]] && echo --uniform-head-dim)}"
+# (`|| true`: under set -e a failing substitution in an assignment ends the script, which made
+# WEIGHTS=dummy exit silently before any step; 2026-11-30, sixth sitting.)
+BUILD_ARGS="${BUILD_ARGS-$([[ $WEIGHTS == random ]] && echo --uniform-head-dim || true)}"
 MODEL_DIR="/tmp/gemma4-e4b-$WEIGHTS"
 SERVED="gemma-4-E4B-it-$WEIGHTS"
 OUT="${OUT:-/tmp/out}"
