@@ -9,13 +9,16 @@ to skip it, which syncs) and lengths come from the caller.
 from __future__ import annotations
 
 import inspect
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 
 from .pooling import pool_batched, pool_exact
+
+if TYPE_CHECKING:
+    from .fused import FusedLayers
 
 PoolerImpl = Literal["batched", "stock"]
 
@@ -46,12 +49,14 @@ def exact_chunk(
     position_ids: torch.Tensor,
     has_padding: bool,
     pooler: PoolerImpl = "batched",
+    layers: FusedLayers | None = None,
 ) -> torch.Tensor:
     """[B, L, H] pooled soft tokens (padded bins included), bit-identical per item to the tower.
 
     ``has_padding`` must be the same for every item: the per-item reference attends without a mask
     when an item has no padding patches and with one otherwise. ``pooler='stock'`` calls the
     tower's own pooler per item (used when ``pool_exact`` does not reproduce this transformers).
+    ``layers``: run the encoder layers fused (``fused.FusedLayers``) instead of ``vt.encoder``.
     """
     cfg = vt.config
     k = cfg.pooling_kernel_size
@@ -60,9 +65,12 @@ def exact_chunk(
     embeds = vt.patch_embedder(pixel_values, position_ids, padding)
     # The mask transformers builds for a padded item (without its `.all()` probe); none otherwise.
     mask = padded_attention_mask(vt, embeds, padding) if has_padding else None
-    hidden = vt.encoder(
-        inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
-    ).last_hidden_state
+    if layers is not None:
+        hidden = layers.hidden(embeds, mask, position_ids)
+    else:
+        hidden = vt.encoder(
+            inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
+        ).last_hidden_state
     if pooler == "stock":
         rows = [
             vt.pooler(

@@ -10,7 +10,9 @@ from torch import nn
 
 from .chunk import PoolerImpl, exact_chunk, fast_chunk
 from .cuda_graphs import CudaGraphRunner
+from .fused import FusedLayers
 from .inputs import Item, PixelInput, build_items, bytes_per_item, chunks, group_items
+from .log import logger
 from .settings import Mode, Settings
 
 
@@ -34,6 +36,8 @@ class BatchedVisionEncoder:
         self.settings = settings or Settings.from_env()
         self.graphs = CudaGraphRunner(self.settings.cuda_graph_max_items)
         self._poolers: dict[tuple[torch.device, torch.dtype], PoolerImpl] = {}
+        self._fused: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
+        self._fused_layers: FusedLayers | None = None  # compiled once per tower
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
             self._fast_fn = torch.compile(self._fast_fn, dynamic=False)
@@ -53,6 +57,42 @@ class BatchedVisionEncoder:
         if impl is None:
             impl = self._poolers[key] = _calibrate(self.vt, device, dtype)
         return impl
+
+    def fused_layers(self, device: torch.device, dtype: torch.dtype) -> FusedLayers | None:
+        """Exact mode's fused layers for this device and dtype, or None (unfused): per the
+        ``fused`` setting, and only after a self-check shows them bit-identical here."""
+        setting = self.settings.fused
+        if setting == "off" or (setting == "auto" and device.type != "cuda"):
+            return None
+        key = (device, dtype)
+        if key not in self._fused:
+            self._fused[key] = None  # also while checking: a failure leaves it off
+            try:
+                if self._fused_layers is None:
+                    self._fused_layers = FusedLayers(self.vt)
+                ok = _self_check_fused(
+                    self.vt, self._fused_layers, self.pooler_impl(device, dtype), device, dtype
+                )
+            except Exception:
+                logger.warning(
+                    "fused encoder layers unavailable; exact mode runs unfused", exc_info=True
+                )
+                ok = False
+            if ok:
+                self._fused[key] = self._fused_layers
+            logger.info(
+                "exact mode on %s/%s: fused encoder layers %s", device, dtype, "on" if ok else "off"
+            )
+        return self._fused[key]
+
+    def fused_active(self, device: torch.device, dtype: torch.dtype) -> bool:
+        return self.fused_layers(device, dtype) is not None
+
+    def _disable_fused(self, device: torch.device, dtype: torch.dtype) -> None:
+        logger.warning(
+            "fused encoder layers failed; exact mode runs unfused from now on", exc_info=True
+        )
+        self._fused[(device, dtype)] = None
 
     def graphs_active(self, device: torch.device) -> bool:
         return self.settings.cuda_graphs and device.type == "cuda"
@@ -80,13 +120,7 @@ class BatchedVisionEncoder:
                 for idx in chunks(group.indices, per_item, budget):
                     pv = _stack(items, idx, "pixel_values")
                     pp = _stack(items, idx, "position_ids")
-                    impl = self.pooler_impl(pv.device, pv.dtype)
-                    fn = partial(exact_chunk, self.vt, has_padding=group.has_padding, pooler=impl)
-                    pooled = None
-                    if self.graphs_active(pv.device):
-                        pooled = self.graphs.run(("exact", group.has_padding, impl), fn, pv, pp)
-                    if pooled is None:
-                        pooled = fn(pv, pp)
+                    pooled = self._exact(pv, pp, group.has_padding)
                     for j, i in enumerate(idx):
                         out[i] = pooled[j, : items[i].valid_tokens]
         elif mode == "fast":
@@ -109,6 +143,55 @@ class BatchedVisionEncoder:
         else:
             raise ValueError(f"unknown mode {mode!r}")
         return out  # type: ignore[return-value]
+
+    def _exact(self, pv: torch.Tensor, pp: torch.Tensor, has_padding: bool) -> torch.Tensor:
+        impl = self.pooler_impl(pv.device, pv.dtype)
+        layers = self.fused_layers(pv.device, pv.dtype)
+        fn = partial(exact_chunk, self.vt, has_padding=has_padding, pooler=impl, layers=layers)
+        try:
+            pooled = None
+            if self.graphs_active(pv.device):
+                key = ("exact", has_padding, impl, layers is not None)
+                pooled = self.graphs.run(key, fn, pv, pp)
+            return pooled if pooled is not None else fn(pv, pp)
+        except Exception:
+            if layers is None:
+                raise
+            self._disable_fused(pv.device, pv.dtype)
+            return self._exact(pv, pp, has_padding)
+
+
+def _self_check_fused(
+    vt: nn.Module, layers: FusedLayers, impl: PoolerImpl, device: torch.device, dtype: torch.dtype
+) -> bool:
+    """Fused vs unfused exact pass on small padded and unpadded batches of two sizes. The
+    second size also makes inductor compile its dynamic-shape kernels now, not on a request."""
+    from .synthetic import Media, make_batch
+
+    k = vt.config.pooling_kernel_size
+    patch_dim = 3 * vt.config.patch_size**2
+    for n, budget, grids in (
+        (1, 4, ((k, 2 * k), (2 * k, 2 * k))),
+        (2, 8, ((k, 2 * k), (2 * k, 4 * k))),
+    ):
+        for grid in grids:
+            pvs, pps = make_batch([Media("frame", grid, budget)] * n, patch_dim, k, seed=budget)
+            pv = torch.stack(pvs).to(device, dtype)
+            pp = torch.stack(pps).to(device)
+            has_padding = grid[0] * grid[1] < pv.shape[1]
+            with torch.inference_mode():
+                want = exact_chunk(vt, pv, pp, has_padding, impl)
+                got = exact_chunk(vt, pv, pp, has_padding, impl, layers)
+            if not torch.equal(got, want):
+                logger.warning(
+                    "fused encoder layers differ from the unfused pass on %s/%s (%d x %s); off",
+                    device,
+                    dtype,
+                    n,
+                    grid,
+                )
+                return False
+    return True
 
 
 def _calibrate(vt: nn.Module, device: torch.device, dtype: torch.dtype) -> PoolerImpl:

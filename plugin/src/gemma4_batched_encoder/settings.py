@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Mode = Literal["exact", "fast"]
+Fused = Literal["auto", "on", "off"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -45,12 +46,18 @@ class Settings:
     cuda_graph_max_items: int = 128
     verify_every: int = 0
     compile_fast: bool = False
+    # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only.
+    fused: Fused = "auto"
 
     @classmethod
     def from_env(cls) -> Settings:
         mode = os.environ.get("GEMMA4_ENCODER_MODE", "exact").strip().lower() or "exact"
         if mode not in ("exact", "fast"):
             raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
+        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "auto").strip().lower() or "auto"
+        fused = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(fused, fused)
+        if fused not in ("auto", "on", "off"):
+            raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
         return cls(
             disabled=_flag("GEMMA4_ENCODER_DISABLE", False),
             mode=mode,  # type: ignore[arg-type]
@@ -59,4 +66,5 @@ class Settings:
             cuda_graph_max_items=_int("GEMMA4_ENCODER_CUDA_GRAPH_MAX_ITEMS", 128),
             verify_every=_int("GEMMA4_ENCODER_VERIFY_EVERY", 0),
             compile_fast=_flag("GEMMA4_ENCODER_COMPILE", False),
+            fused=fused,  # type: ignore[arg-type]
         )
