@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 
 import g4helpers as H
+import pytest
 import torch
 from test_bit_identity import COMPOSITIONS, assert_identical
+from torch._dynamo.utils import counters
 
 from gemma4_batched_encoder import Settings, encode_frames
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
@@ -18,25 +20,36 @@ FUSED = Settings(fused="on", cuda_graphs=False)
 def test_fused_exact_is_bit_identical_to_the_per_item_tower():
     # One bf16 tower for every composition: inductor compiles each layer once statically and
     # once with dynamic shapes (the self-check's two sizes); the compositions reuse that.
-    tower = H.tower(torch.bfloat16, seed=5)
+    # 10 layers: more than dynamo's recompile limit (8), which one compile per layer would hit.
+    tower = H.tower(torch.bfloat16, seed=5, num_hidden_layers=10)
     enc = BatchedVisionEncoder(tower, FUSED)
-    for name in ("images_and_videos", "480p_720p_mixed", "frames_without_padding"):
+    assert enc.fused_active(torch.device("cpu"), torch.bfloat16)  # the self-check compiles
+    graphs = counters["stats"]["unique_graphs"]
+    for name in ("images_and_videos", "480p_720p_mixed", "frames_without_padding", "one_video"):
         pvs, pps = H.batch(COMPOSITIONS[name], torch.bfloat16, seed=len(name))
         assert_identical(enc.encode(pvs, pps), serial_per_item(tower, pvs, pps))
-    assert enc.fused_active(torch.device("cpu"), torch.bfloat16)
+    # Requests of new shapes reuse the self-check's graphs: no compile stalls while serving.
+    assert counters["stats"]["unique_graphs"] == graphs
     # The stock path runs through the same (instance-patched) norms and keeps its values.
     pvs, pps = H.batch(COMPOSITIONS["one_video"], torch.bfloat16, seed=1)
     assert_identical(
         encode_frames(tower, pvs, pps, settings=Settings(fused="off", cuda_graphs=False)),
-        serial_per_item(H.tower(torch.bfloat16, seed=5), pvs, pps),
+        serial_per_item(H.tower(torch.bfloat16, seed=5, num_hidden_layers=10), pvs, pps),
     )
 
 
-def test_fused_is_off_by_default_on_cpu_and_when_disabled():
+def test_fused_is_off_by_default_and_auto_means_cuda_only(monkeypatch):
     tower = H.tower(torch.bfloat16)
     cpu = torch.device("cpu")
+    assert Settings.from_env().fused == "off"
     assert not BatchedVisionEncoder(tower, Settings()).fused_active(cpu, torch.bfloat16)
-    assert not BatchedVisionEncoder(tower, Settings(fused="off")).fused_active(cpu, torch.bfloat16)
+    assert not BatchedVisionEncoder(tower, Settings(fused="auto")).fused_active(cpu, torch.bfloat16)
+    for raw, want in (("1", "on"), ("auto", "auto"), ("0", "off")):
+        monkeypatch.setenv("GEMMA4_ENCODER_FUSED", raw)
+        assert Settings.from_env().fused == want
+    monkeypatch.setenv("GEMMA4_ENCODER_FUSED", "sometimes")
+    with pytest.raises(ValueError, match="GEMMA4_ENCODER_FUSED"):
+        Settings.from_env()
 
 
 def test_a_failing_self_check_keeps_the_unfused_path(monkeypatch, caplog):

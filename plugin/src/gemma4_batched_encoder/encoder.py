@@ -164,8 +164,10 @@ class BatchedVisionEncoder:
 def _self_check_fused(
     vt: nn.Module, layers: FusedLayers, impl: PoolerImpl, device: torch.device, dtype: torch.dtype
 ) -> bool:
-    """Fused vs unfused exact pass on small padded and unpadded batches of two sizes. The
-    second size also makes inductor compile its dynamic-shape kernels now, not on a request."""
+    """Fused vs unfused exact pass on small padded and unpadded batches. The sizes also make
+    inductor compile every graph a request can need now, not under load: a static first shape,
+    then dynamic batch and length (torch specialises size 1, hence one item at two lengths).
+    A compile while serving stalls the engine for seconds (H200, 2026-11-30)."""
     from .synthetic import Media, make_batch
 
     k = vt.config.pooling_kernel_size
@@ -173,13 +175,14 @@ def _self_check_fused(
     for n, budget, grids in (
         (1, 4, ((k, 2 * k), (2 * k, 2 * k))),
         (2, 8, ((k, 2 * k), (2 * k, 4 * k))),
+        (1, 8, ((k, 2 * k), (2 * k, 4 * k))),
     ):
         for grid in grids:
             pvs, pps = make_batch([Media("frame", grid, budget)] * n, patch_dim, k, seed=budget)
-            pv = torch.stack(pvs).to(device, dtype)
-            pp = torch.stack(pps).to(device)
-            has_padding = grid[0] * grid[1] < pv.shape[1]
-            with torch.inference_mode():
+            has_padding = grid[0] * grid[1] < pvs[0].shape[0]
+            with torch.inference_mode():  # inputs built as encode() builds them
+                pv = torch.stack(pvs).to(device, dtype)
+                pp = torch.stack(pps).to(device)
                 want = exact_chunk(vt, pv, pp, has_padding, impl)
                 got = exact_chunk(vt, pv, pp, has_padding, impl, layers)
             if not torch.equal(got, want):

@@ -10,10 +10,14 @@ would compute differently from eager kept out of its hands:
   (eager runs ATen's rsqrt, inductor's CPU code another) run as custom ops, i.e. the same eager
   ATen kernels on the same tensors. GEMMs and SDPA are ATen calls either way.
 
-Measured on one H200 (E4B dims, bf16, `bench/encoder_fusion_probe.py`): bit-identical to the
-serial per-item tower at 1-16 videos and with images, one 6-frame video 11.1 -> 5.9 ms and 16
-videos 145 -> 73 ms inside CUDA graphs. Every new (device, dtype) is self-checked against the
-unfused path first; any difference or compile error keeps the unfused path.
+Measured on one H200 (E4B dims, bf16; bench/results/h200/encoder-fusion/): bit-identical to the
+serial per-item tower at 1-16 videos and with images; inside CUDA graphs one 6-frame video 11.1
+-> 5.9 ms and 16 videos 145 -> 73 ms (`bench/encoder_fusion_probe.py`). Every new (device,
+dtype) is self-checked against the unfused path first; any difference or compile error keeps the
+unfused path. Off by default (``GEMMA4_ENCODER_FUSED``) until a served sweep with this version
+shows it helps under load: the first build (one compile per layer) halved the encoder's time per
+call in vLLM 0.20.0 but its p95 at 35 video req/s was 1033 ms (unfused 222); it could compile new
+graphs while serving, the likely cause (not measured), which this version rules out.
 """
 
 from __future__ import annotations
@@ -77,8 +81,7 @@ class FusedLayers:
             for module in layer.modules():
                 if _is_rms_norm(module):
                     module._norm = MethodType(_norm_eager_reduction, module)
-        # dynamic=None: the first new shape recompiles with dynamic sizes, later ones reuse it.
-        self.layers = [torch.compile(layer.forward, options=_OPTIONS) for layer in layers]
+        self.layers = layers
 
     def hidden(
         self, inputs_embeds: Tensor, attention_mask: object, pixel_position_ids: Tensor
@@ -90,11 +93,51 @@ class FusedLayers:
         )
         hidden_states = inputs_embeds
         position_embeddings = encoder.rotary_emb(hidden_states, pixel_position_ids)
+        call = _compiled_layer_call()
+        # An inference tensor like every other input here (dynamo guards on the dispatch keys:
+        # a plain tensor from outside inference mode would compile another graph under load).
+        position_ids = pixel_position_ids.clone()
+        # Batch and length are dynamic from the first compile, so that new request shapes reuse
+        # the graphs the self-check compiled (torch still specialises size 1: one more graph).
+        _dynamic_batch_and_length(mask, position_ids, *position_embeddings)
         for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=mask,
-                position_embeddings=position_embeddings,
-                position_ids=pixel_position_ids,
-            )
+            _dynamic_batch_and_length(hidden_states)
+            hidden_states = call(layer, hidden_states, mask, position_embeddings, position_ids)
         return hidden_states
+
+
+def _dynamic_batch_and_length(*tensors: object) -> None:
+    for t in tensors:
+        if isinstance(t, Tensor):
+            dims = (0, 2, 3) if t.dim() == 4 else (0, 1)  # a [B, 1, L, L] mask, else [B, L, ...]
+            for d in dims:
+                torch._dynamo.maybe_mark_dynamic(t, d)
+
+
+def _layer_call(
+    layer: nn.Module,
+    hidden: Tensor,
+    mask: object,
+    position_embeddings: object,
+    position_ids: Tensor,
+) -> Tensor:
+    return layer(
+        hidden,
+        attention_mask=mask,
+        position_embeddings=position_embeddings,
+        position_ids=position_ids,
+    )
+
+
+_COMPILED: list = []
+
+
+def _compiled_layer_call():
+    """One compiled function for every layer of every tower in the process. The layer is an
+    input (torch inlines nn.Modules and lifts their parameters), so all layers share its few
+    cache entries (with mask / without, batch of one / more). One ``torch.compile`` per layer
+    makes each layer its own backend and cache entry: 16 layers pass dynamo's recompile limit
+    (8) and the rest run unfused, or compile while serving (H200, 2026-11-30)."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_layer_call, options=_OPTIONS))
+    return _COMPILED[0]

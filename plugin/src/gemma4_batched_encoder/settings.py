@@ -46,15 +46,16 @@ class Settings:
     cuda_graph_max_items: int = 128
     verify_every: int = 0
     compile_fast: bool = False
-    # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only.
-    fused: Fused = "auto"
+    # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only. Off by
+    # default until a served sweep on the H200 shows it helps under load (see plugin/README.md).
+    fused: Fused = "off"
 
     @classmethod
     def from_env(cls) -> Settings:
         mode = os.environ.get("GEMMA4_ENCODER_MODE", "exact").strip().lower() or "exact"
         if mode not in ("exact", "fast"):
             raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
-        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "auto").strip().lower() or "auto"
+        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "off").strip().lower() or "off"
         fused = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(fused, fused)
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
