@@ -66,3 +66,18 @@ def test_a_failing_self_check_keeps_the_unfused_path(monkeypatch, caplog):
         assert_identical(enc.encode(pvs, pps), serial_per_item(tower, pvs, pps))
     assert not enc.fused_active(torch.device("cpu"), torch.bfloat16)
     assert "fused encoder layers unavailable" in caplog.text
+
+
+def test_the_runtime_reports_fused_layers_in_its_metric():
+    from prometheus_client import REGISTRY
+
+    from gemma4_batched_encoder.runtime import EncoderRuntime
+
+    tower = H.tower(torch.bfloat16, seed=3)
+    rt = EncoderRuntime(tower, FUSED, True, "0.32.0")
+    pvs, pps = H.batch(COMPOSITIONS["one_video"], torch.bfloat16, seed=3)
+    rt.begin_call(frames=len(pvs), images=0)
+    out = rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
+    rt.end_call()
+    assert_identical(out, serial_per_item(tower, pvs, pps))
+    assert REGISTRY.get_sample_value("gemma4_encoder_fused_layers") == 1

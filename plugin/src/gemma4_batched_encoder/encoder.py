@@ -85,6 +85,10 @@ class BatchedVisionEncoder:
             )
         return self._fused[key]
 
+    def fused_in_use(self) -> bool:
+        """Whether any device/dtype checked so far runs the fused layers (no check triggered)."""
+        return any(layers is not None for layers in self._fused.values())
+
     def fused_active(self, device: torch.device, dtype: torch.dtype) -> bool:
         return self.fused_layers(device, dtype) is not None
 

@@ -43,6 +43,7 @@ class EncoderMetrics:
     fallbacks: Any
     verify_checks: Any
     verify_mismatches: Any
+    fused_layers: Any
 
 
 _lock = threading.Lock()
@@ -92,7 +93,14 @@ def get_metrics() -> EncoderMetrics:
                     "gemma4_encoder_verify_mismatches",
                     "Shadow verifications whose outputs were not bit-identical.",
                 ),
+                fused_layers=Gauge(
+                    "gemma4_encoder_fused_layers",
+                    "1 while exact mode runs the inductor-fused encoder layers "
+                    "(GEMMA4_ENCODER_FUSED, after its start-up self-check), else 0.",
+                    multiprocess_mode="max",
+                ),
             )
+            _metrics.fused_layers.set(0)
             # Export the zero series up front so dashboards see them before the first event.
             for path in ("plugin", "stock"):
                 _metrics.calls.labels(path=path)

@@ -71,6 +71,7 @@ class EncoderRuntime:
         try:
             self.metrics.calls.labels(path=path).inc()
             self.timer.stop(path)
+            self.metrics.fused_layers.set(1 if self.encoder.fused_in_use() else 0)
         except Exception:
             self._log_once("metrics", "recording metrics failed")
 
