@@ -12,8 +12,10 @@ layer with inductor while keeping what inductor would compute differently from e
 
 It then runs the plugin's ``exact`` mode (CUDA graphs where on CUDA) on the same inputs before
 and after, checks every item with ``torch.equal`` against the serial per-item tower, and prints
-median times side by side. A probe, not the plugin: if it holds on the H200 it becomes the
-plugin's fused exact path.
+median times side by side. This probe made bench/results/h200/encoder-fusion/fusion-*.json and
+led to the plugin's fused path (gemma4_batched_encoder/fused.py, whose norm it now borrows); the
+plugin compiles differently (one function for all layers, dynamic shapes, the class left alone)
+and is measured by ``gemma4_batched_encoder.bench --methods exact-graphs,exact-fused``.
 
     PYTHONPATH=plugin/src python bench/encoder_fusion_probe.py --preset e4b --device cuda \
         --videos 1,4,16 --check-images 4 --out fusion.json
@@ -31,40 +33,14 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin" / "src"))
 
 from gemma4_batched_encoder import synthetic as S
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+from gemma4_batched_encoder.fused import _norm_eager_reduction
 from gemma4_batched_encoder.reference import serial_per_item
 from gemma4_batched_encoder.settings import Settings
-
-
-@torch.library.custom_op("gemma4_fusion_probe::mean_last", mutates_args=())
-def mean_last(x: Tensor) -> Tensor:
-    return x.mean(-1, keepdim=True)
-
-
-@mean_last.register_fake
-def _(x: Tensor) -> Tensor:
-    return x.new_empty((*x.shape[:-1], 1))
-
-
-@torch.library.custom_op("gemma4_fusion_probe::inv_sqrt", mutates_args=())
-def inv_sqrt(x: Tensor) -> Tensor:
-    return torch.pow(x, -0.5)
-
-
-@inv_sqrt.register_fake
-def _(x: Tensor) -> Tensor:
-    return torch.empty_like(x)
-
-
-def _norm_with_eager_reduction(self: torch.nn.Module, hidden_states: Tensor) -> Tensor:
-    # Gemma4RMSNorm._norm, same ops in the same order; the two marked ones stay eager.
-    mean_squared = mean_last(hidden_states.pow(2)) + self.eps
-    return hidden_states * inv_sqrt(mean_squared)
 
 
 def fuse(vt: torch.nn.Module) -> None:
@@ -76,7 +52,7 @@ def fuse(vt: torch.nn.Module) -> None:
         raise SystemExit("this torch has no inductor emulate_precision_casts")
     inductor_config.emulate_precision_casts = True
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-    modeling_gemma4.Gemma4RMSNorm._norm = _norm_with_eager_reduction
+    modeling_gemma4.Gemma4RMSNorm._norm = _norm_eager_reduction
     for layer in vt.encoder.layers:
         layer.forward = torch.compile(layer.forward, dynamic=False)
 
@@ -90,7 +66,7 @@ def media(videos: int, frames: int, images: int, k: int) -> list[S.Media]:
     return out
 
 
-def timed(fn, cuda: bool, warmup: int, reps: int) -> tuple[list[Tensor], float]:
+def timed(fn, cuda: bool, warmup: int, reps: int) -> tuple[list[torch.Tensor], float]:
     out = None
     for _ in range(warmup):
         out = fn()
