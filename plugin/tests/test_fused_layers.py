@@ -68,6 +68,25 @@ def test_a_failing_self_check_keeps_the_unfused_path(monkeypatch, caplog):
     assert "fused encoder layers unavailable" in caplog.text
 
 
+def test_a_failing_fused_call_falls_back_to_unfused_for_good(monkeypatch, caplog):
+    import gemma4_batched_encoder.fused as F
+
+    tower = H.tower(torch.bfloat16, seed=4)
+    enc = BatchedVisionEncoder(tower, FUSED)
+    cpu = torch.device("cpu")
+    assert enc.fused_active(cpu, torch.bfloat16)
+
+    def broken(self, *args):
+        raise RuntimeError("inductor failed at run time")
+
+    monkeypatch.setattr(F.FusedLayers, "hidden", broken)
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.bfloat16, seed=4)
+    with caplog.at_level(logging.WARNING):
+        assert_identical(enc.encode(pvs, pps), serial_per_item(tower, pvs, pps))
+    assert not enc.fused_active(cpu, torch.bfloat16)
+    assert "exact mode runs unfused from now on" in caplog.text
+
+
 def test_the_runtime_reports_fused_layers_in_its_metric():
     from prometheus_client import REGISTRY
 

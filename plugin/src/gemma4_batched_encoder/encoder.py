@@ -171,7 +171,7 @@ def _self_check_fused(
     """Fused vs unfused exact pass on small padded and unpadded batches. The sizes also make
     inductor compile every graph a request can need now, not under load: a static first shape,
     then dynamic batch and length (torch specialises size 1, hence one item at two lengths).
-    A compile while serving stalls the engine for seconds (H200, 2026-11-30)."""
+    A compile while serving would stall the engine's step for seconds."""
     from .synthetic import Media, make_batch
 
     k = vt.config.pooling_kernel_size
