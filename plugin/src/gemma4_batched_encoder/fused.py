@@ -22,6 +22,7 @@ graphs while serving, the likely cause (not measured), which this version rules 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MethodType
 
 import torch
@@ -62,7 +63,7 @@ def _is_rms_norm(module: nn.Module) -> bool:
 
 
 class FusedLayers:
-    """Compiled forwards of a vision tower's encoder layers (the tower's modules, not copies).
+    """A vision tower's encoder layers (its modules, not copies), run through one compiled call.
 
     The norms inside the layers get an instance-level ``_norm`` that runs the same eager kernels
     as the class's (so the stock path, which calls the same modules, keeps its values); the layer
@@ -129,15 +130,15 @@ def _layer_call(
     )
 
 
-_COMPILED: list = []
+_COMPILED: list[Callable[..., Tensor]] = []
 
 
-def _compiled_layer_call():
+def _compiled_layer_call() -> Callable[..., Tensor]:
     """One compiled function for every layer of every tower in the process. The layer is an
     input (torch inlines nn.Modules and lifts their parameters), so all layers share its few
     cache entries (with mask / without, batch of one / more). One ``torch.compile`` per layer
-    makes each layer its own backend and cache entry: 16 layers pass dynamo's recompile limit
-    (8) and the rest run unfused, or compile while serving (H200, 2026-11-30)."""
+    makes each layer its own backend and cache entry: 16 layers passed dynamo's recompile limit
+    (8) on the H200 and the rest ran unfused (2026-11-30)."""
     if not _COMPILED:
         _COMPILED.append(torch.compile(_layer_call, options=_OPTIONS))
     return _COMPILED[0]
