@@ -733,23 +733,27 @@ def encoder_dashboard() -> dict[str, Any]:
     p = CONFIG["pod_selector"]
     b = Board()
     b.row("What is in force")
-    b.add(
-        table(
-            "Encoder mode per pod",
-            "gemma4_encoder_info (=1) per pod: mode (exact = bit-identical batched, fast, "
-            "stock = plugin off), whether encoder CUDA graphs are on, vLLM and plugin "
-            "versions. A pod missing here does not run the plugin.",
-            [
-                (
-                    "max by (pod, mode, cuda_graphs, vllm_version, plugin_version) "
-                    f"(gemma4_encoder_info{{{p}}})",
-                    "",
-                )
-            ],
-        ),
-        w=24,
-        h=6,
+    in_force = table(
+        "Encoder mode per pod",
+        "gemma4_encoder_info (=1) per pod: mode (exact = bit-identical batched, fast, "
+        "stock = plugin off), whether encoder CUDA graphs are on, vLLM and plugin "
+        "versions; 'fused layers' = gemma4_encoder_fused_layers (1: exact mode runs the "
+        "opt-in inductor-fused layers, GEMMA4_ENCODER_FUSED). A pod missing here does not "
+        "run the plugin.",
+        [
+            (
+                "max by (pod, mode, cuda_graphs, vllm_version, plugin_version) "
+                f"(gemma4_encoder_info{{{p}}})",
+                "",
+            ),
+            (f"max by (pod) (gemma4_encoder_fused_layers{{{p}}})", ""),
+        ],
     )
+    in_force["transformations"][1]["options"]["renameByName"] = {
+        "Value #A": "in force",
+        "Value #B": "fused layers",
+    }
+    b.add(in_force, w=24, h=6)
     b.row("Encoder time")
     b.add(
         timeseries(
