@@ -55,8 +55,8 @@ class Settings:
         mode = os.environ.get("GEMMA4_ENCODER_MODE", "exact").strip().lower() or "exact"
         if mode not in ("exact", "fast"):
             raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
-        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "off").strip().lower() or "off"
-        fused = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(fused, fused)
+        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "off").strip().lower()
+        fused = "on" if fused in _TRUE else "off" if fused in _FALSE else fused
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
         return cls(
