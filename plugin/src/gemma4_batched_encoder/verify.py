@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import __version__
-from .cli_common import DTYPES, add_common, composition, inputs, int_list, load_tower, run_and_write
+from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
 from .encoder import BatchedVisionEncoder
 from .pooling import pool_batched, pooling_weights
 from .reference import serial_per_item
@@ -179,8 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": args.mode,
         "cuda_graphs": encoder.graphs_active(torch.device(args.device)),
         "cuda_graphs_captured": encoder.graphs.num_graphs,
-        "fused_layers": args.mode == "exact"
-        and encoder.fused_active(torch.device(args.device), DTYPES[args.dtype]),
+        "fused_layers": encoder.fused_in_use(),
         "seed": args.seed,
         "bit_identical": all_equal,
         "max_abs_diff": worst,
