@@ -46,6 +46,7 @@ class EncoderRuntime:
         self._checks = 0
         self._logged: set[str] = set()
         self._call_path: str | None = None
+        self._fused_reported: bool | None = None  # written at the first call, then on change
         set_info(
             mode=settings.mode if self.active else "stock",
             cuda_graphs=self.active and self.encoder.graphs_active(self._device),
@@ -71,7 +72,10 @@ class EncoderRuntime:
         try:
             self.metrics.calls.labels(path=path).inc()
             self.timer.stop(path)
-            self.metrics.fused_layers.set(1 if self.encoder.fused_in_use() else 0)
+            fused = self.encoder.fused_in_use()
+            if fused != self._fused_reported:  # decided at the first call; no write per call
+                self._fused_reported = fused
+                self.metrics.fused_layers.set(1 if fused else 0)
         except Exception:
             self._log_once("metrics", "recording metrics failed")
 
