@@ -302,8 +302,13 @@ def stat(
 
 
 def table(
-    title: str, description: str, exprs: Iterable[tuple[str, str]], unit: str = "short"
+    title: str,
+    description: str,
+    exprs: Iterable[tuple[str, str]],
+    unit: str = "short",
+    rename: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """Instant queries merged into one table; `rename` names value columns ("Value #B": ...)."""
     return {
         "type": "table",
         "title": title,
@@ -312,7 +317,13 @@ def table(
         "targets": _targets(exprs, instant=True, fmt="table"),
         "transformations": [
             {"id": "merge", "options": {}},
-            {"id": "organize", "options": {"excludeByName": {"Time": True}}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True},
+                    **({"renameByName": rename} if rename else {}),
+                },
+            },
         ],
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "options": {"showHeader": True},
@@ -748,11 +759,8 @@ def encoder_dashboard() -> dict[str, Any]:
             ),
             (f"max by (pod) (gemma4_encoder_fused_layers{{{p}}})", ""),
         ],
+        rename={"Value #A": "in force", "Value #B": "fused layers"},
     )
-    in_force["transformations"][1]["options"]["renameByName"] = {
-        "Value #A": "in force",
-        "Value #B": "fused layers",
-    }
     b.add(in_force, w=24, h=6)
     b.row("Encoder time")
     b.add(
