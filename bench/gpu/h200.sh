@@ -23,7 +23,9 @@
 #                                           greedy outputs or TTFT gap)
 #   bench/gpu/h200.sh profile NAME PORT WORKLOAD RATE SECONDS   py-spy of the server's engine core
 #                                           and first API server while a constant-rate load runs
-#                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py)
+#                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py),
+#                                           CPU per process and thread + GPU busy (NAME-cpu.json:
+#                                           bench/proc_cpu.py), metrics before and after
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=/tmp/site
@@ -179,16 +181,31 @@ profile)
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 \
     --out "/tmp/profile-$name" --data-dir "/tmp/data-$name" --no-print-summary >"/tmp/profile-$name.log" 2>&1 &
   load=$!
-  sleep 10 # data written, load running
+  # Profile only once the load has reached the server: the sixth sitting slept a fixed 10 s, and
+  # its profiles caught an idle engine (guidellm was still generating its data).
+  t0=$(date +%s)
+  until curl -s "http://127.0.0.1:$port/metrics" |
+    awk '/^vllm:num_requests_running/ {n += $2} END {exit !(n > 0)}'; do
+    (($(date +%s) - t0 < 180)) || { echo "no request reached the server in 180 s"; break; }
+    sleep 1
+  done
+  sleep 5 # past the warm-up
+  echo "load reached the server after $(($(date +%s) - t0)) s"
+  save_metrics "$port" "$OUT/$name-metrics-before.txt"
+  python3 bench/proc_cpu.py --pgid "$pgid" --pid "$load" --seconds "$seconds" --out "$OUT/$name-cpu.json" \
+    >"/tmp/cpu-$name.txt" &
   for what in engine api; do
     pid="${!what}"
     [[ -n "$pid" ]] || continue
-    py-spy record --pid "$pid" --duration "$seconds" --rate 100 --idle --threads --nonblocking --format raw \
+    # Blocking reads (the default): with --nonblocking py-spy may return torn or stale stacks.
+    py-spy record --pid "$pid" --duration "$seconds" --rate 50 --idle --threads --format raw \
       --output "$OUT/$name-$what.txt" >/dev/null 2>&1 &
   done
   wait "$load" || true
   wait || true # the profilers
+  save_metrics "$port" "$OUT/$name-metrics.txt"
   grep -E "PASS|FAIL" "/tmp/profile-$name.log" || tail -n 5 "/tmp/profile-$name.log"
+  head -n 14 "/tmp/cpu-$name.txt"
   for what in engine api; do
     [[ -s "$OUT/$name-$what.txt" ]] &&
       python3 bench/pyspy_top.py "$OUT/$name-$what.txt" --top 25 --out "$OUT/$name-$what-top.json" | head -n 30
