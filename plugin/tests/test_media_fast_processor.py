@@ -133,3 +133,17 @@ def test_self_check_catches_a_difference() -> None:
         return out
 
     assert not fast_processor.self_check(STOCK, off_by_one)
+
+
+def test_self_check_runs_the_fast_path_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """install() checks before its switch is set, so the default must force the fast path on
+    (it once compared stock with itself)."""
+    real = fast_processor.preprocess_uint8
+
+    def off(*args, **kwargs):
+        pixel_values, positions, soft_tokens = real(*args, **kwargs)
+        return pixel_values + 1e-7, positions, soft_tokens
+
+    assert fast_processor.self_check(STOCK)
+    monkeypatch.setattr(fast_processor, "preprocess_uint8", off)
+    assert not fast_processor.self_check(STOCK)

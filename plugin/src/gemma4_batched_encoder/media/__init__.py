@@ -174,7 +174,7 @@ def _patch_image_processor() -> bool:
     if getattr(current, _PATCHED, False):
         return True
     fast = make_fast_preprocess(current, fast_path_enabled)
-    ok = self_check(current, fast)
+    ok = self_check(current)  # the fast path forced on: `fast` is still off here
     if not ok:
         logger.warning("gemma4 media: fast path differs from stock here; stock code kept")
 

@@ -196,9 +196,13 @@ def make_fast_preprocess(
     return _preprocess
 
 
-def self_check(stock: Callable[..., BatchFeature], fast: Callable[..., BatchFeature]) -> bool:
+def self_check(
+    stock: Callable[..., BatchFeature], fast: Callable[..., BatchFeature] | None = None
+) -> bool:
     """Run stock and fast on a few small inputs here (this torch/torchvision); True if equal.
 
+    `fast` defaults to the fast path forced on: one built with the process's switch would, at
+    install time (switch not yet set), run stock code and compare stock with itself.
     Includes a 336x432 image, which Gemma 4 does not resize at 70 soft tokens, holding all 256
     byte values, so the rescale arithmetic is compared exhaustively.
     """
@@ -213,6 +217,8 @@ def self_check(stock: Callable[..., BatchFeature], fast: Callable[..., BatchFeat
         ([rng.integers(0, 256, (90, 120, 3), dtype=np.uint8) for _ in range(2)], 70),
         ([rng.integers(0, 256, (37, 200, 3), dtype=np.uint8)], 280),
     ]
+    if fast is None:
+        fast = make_fast_preprocess(stock, lambda: True)
     processor = Gemma4ImageProcessor()
     for images, soft_tokens in cases:
         want = processor(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
