@@ -2,7 +2,9 @@
 
 Adapted from vllm/model_executor/models/gemma4_mm.py (vLLM 0.20-0.33). Only the image/video
 encoding methods (and the encoder CUDA-graph forward where upstream has one) are overridden; the
-maths lives in ``encode_frames``. The class keeps upstream's name (speculative decoding keys on
+maths lives in ``encode_frames``. Pixel values that arrive as uint8 patches
+(``GEMMA4_MEDIA_UINT8=on``) become stock's values on the device before anything reads them
+(``pixels``). The class keeps upstream's name (speculative decoding keys on
 ``__class__.__name__``) and inherits its processor, dummy inputs and weights loading.
 Patch ledger: plugin/README.md.
 """
@@ -17,7 +19,9 @@ from vllm.model_executor.models.gemma4_mm import (
     Gemma4ForConditionalGeneration as _Upstream,
 )
 
+from . import pixels
 from .log import logger
+from .media.env import uint8_requested
 from .pooling import pool_exact
 from .runtime import EncoderRuntime
 from .settings import Settings
@@ -55,6 +59,11 @@ def _flatten_counts(value: Any) -> list[int] | None:
 class Gemma4ForConditionalGeneration(_Upstream):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # What vLLM's processor casts floating pixel values to (`_postprocess_output`).
+        self._g4_pixel_dtype: torch.dtype = vllm_config.model_config.dtype
+        self._g4_uint8_seen = False
+        if uint8_requested():
+            pixels.install_batch_guard()
         self._g4_video_tokens: list[int] | None = None
         self._g4: EncoderRuntime | None = None
         try:
@@ -84,7 +93,19 @@ class Gemma4ForConditionalGeneration(_Upstream):
             )
 
     # -- call level: metrics and host-side hints ------------------------------------------------
+    def _g4_restore_pixels(self, kwargs: dict[str, Any]) -> None:
+        """uint8 patches (the hand-off) -> stock's pixel values, in place, on their device."""
+        dtype = getattr(self, "_g4_pixel_dtype", None) or self.model_dtype
+        if pixels.restore(kwargs, dtype) and not getattr(self, "_g4_uint8_seen", False):
+            self._g4_uint8_seen = True
+            logger.info(
+                "gemma4_batched_encoder: uint8 pixel values received; rescaled on %s to %s",
+                next(self.vision_tower.parameters()).device,
+                dtype,
+            )
+
     def embed_multimodal(self, **kwargs: object) -> Any:
+        self._g4_restore_pixels(kwargs)
         pv = kwargs.get("pixel_values")
         pvv = kwargs.get("pixel_values_videos")
         if self._g4 is None or (pv is None and pvv is None):
@@ -162,6 +183,15 @@ class Gemma4ForConditionalGeneration(_Upstream):
         return out
 
     # -- vLLM's own encoder CUDA graphs (0.32+, opt-in there) ----------------------------------
+    if hasattr(_Upstream, "select_encoder_cudagraph_items"):
+
+        def select_encoder_cudagraph_items(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            """Upstream's selection with uint8 patches restored: vLLM's graph manager feeds it
+            (not ``embed_multimodal``) to the replay buffers and the eager forward."""
+            selected = super().select_encoder_cudagraph_items(*args, **kwargs)
+            self._g4_restore_pixels(selected)
+            return selected
+
     if hasattr(_Upstream, "encoder_cudagraph_forward"):
 
         def encoder_cudagraph_forward(
