@@ -21,6 +21,10 @@ API-server ("frontend") processes, so only there does it patch anything:
   same frames, less time and CPU);
 - with the fast path on, on vLLM before 0.27, a video's cache key is hashed from its container
   bytes instead of its decoded frames (`source_key`: same tensors, 1-2 ms less per video);
+- with the fast path and `GEMMA4_MEDIA_UINT8=on` (default off), pixel values leave as the uint8
+  patches and the plugin's model class rescales them on the device with stock's arithmetic
+  (`..pixels`: same tensors reach the encoder, a quarter of the bytes to serialise and copy);
+  where this install cannot take them (`pixels.handoff_blocker`), one warning and float32;
 - timing wrappers that record `gemma4_media_preprocess_seconds{stage}` (see `stages`).
 Engine-core and worker processes are left untouched (they see no request media; their processor
 only builds fixed dummy inputs for memory profiling).
@@ -49,7 +53,7 @@ from typing import Any
 
 from ..vllm_modules import VIDEO_IO_MODULES, first_attr
 from . import decode, frame_call, frames, source_key, stages
-from .env import thread_count
+from .env import ENV_UINT8, thread_count, uint8_requested
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
@@ -62,6 +66,7 @@ _ENGINE_PROCESS_PREFIXES = ("EngineCore", "VllmWorker", "Worker")
 _lock = threading.Lock()
 _installed = False
 _fast_enabled = False
+_uint8_enabled = False
 _local = threading.local()
 
 
@@ -110,6 +115,32 @@ def set_fast_path(enabled: bool) -> None:
     _fast_enabled = enabled
 
 
+def uint8_enabled() -> bool:
+    return _uint8_enabled
+
+
+def set_uint8(enabled: bool) -> None:
+    """Switch the uint8 hand-off on or off in this process (tests)."""
+    global _uint8_enabled
+    _uint8_enabled = enabled
+
+
+def _uint8_handoff() -> bool:
+    """`GEMMA4_MEDIA_UINT8` as it can be honoured here; one warning when it cannot."""
+    if not uint8_requested():
+        return False
+    if not _fast_enabled:
+        logger.warning("gemma4 media: %s=on needs the fast path; float32 kept", ENV_UINT8)
+        return False
+    from ..pixels import handoff_blocker
+
+    blocker = handoff_blocker()
+    if blocker is not None:
+        logger.warning("gemma4 media: %s=on but %s; float32 pixel values kept", ENV_UINT8, blocker)
+        return False
+    return True
+
+
 def process_role() -> str:
     """'engine' in vLLM's engine-core and worker processes, else 'frontend'."""
     name = multiprocessing.current_process().name
@@ -118,7 +149,7 @@ def process_role() -> str:
 
 def install() -> bool:
     """Patch this process once; True if the media patches are in force here."""
-    global _installed, _fast_enabled
+    global _installed, _fast_enabled, _uint8_enabled
     with _lock:
         if _installed:
             return True
@@ -127,6 +158,7 @@ def install() -> bool:
         # Each patch on its own: one that fails (a changed upstream) leaves the others working.
         fast_ok = _guarded("image processor not patched", _patch_image_processor, False)
         _fast_enabled = fast_ok and fast_path_requested()
+        _uint8_enabled = _guarded("uint8 hand-off off", _uint8_handoff, False)
         _guarded("stage timers not installed", _patch_vllm_timing, None)
         array_frames = _guarded(
             "video frames stay PIL images", lambda: frames.install(fast_path_enabled), False
@@ -145,12 +177,13 @@ def install() -> bool:
         logger.info(
             "gemma4 media: installed (fast path %s, video frames as arrays %s, "
             "video decode threads %s, frame call via image processor %s, "
-            "video cache keys from bytes %s)",
+            "video cache keys from bytes %s, uint8 pixel values %s)",
             "on" if _fast_enabled else "off",
             "on" if array_frames and _fast_enabled else "off",
             threads if decode_patched and _fast_enabled else "as vLLM",
             "on" if short_call and array_frames and _fast_enabled else "off",
             "on" if keyed and _fast_enabled else "off",
+            "on" if _uint8_enabled else "off",
         )
         return True
 
@@ -173,7 +206,7 @@ def _patch_image_processor() -> bool:
     current = Gemma4ImageProcessor._preprocess
     if getattr(current, _PATCHED, False):
         return True
-    fast = make_fast_preprocess(current, fast_path_enabled)
+    fast = make_fast_preprocess(current, fast_path_enabled, uint8_enabled)
     ok = self_check(current)  # the fast path forced on: `fast` is still off here
     if not ok:
         logger.warning("gemma4 media: fast path differs from stock here; stock code kept")

@@ -15,6 +15,8 @@ Here, for images of one size at once:
   (checked for all 256 inputs at install time and in the tests). Rescale commutes with patchify
   and with zero padding (0 * s == 0), so the order change is exact;
 - position ids from a cache.
+With the uint8 hand-off on (`GEMMA4_MEDIA_UINT8`, `..pixels`) and Gemma 4's factor 1/255, the
+patches are written as uint8 instead and the engine does the same multiply on the device.
 numpy work is single-threaded, so it does not contend with other processes' OpenMP threads.
 Anything unusual (normalisation on, non-uint8 input, odd channel counts) goes to the stock code.
 """
@@ -34,6 +36,9 @@ from transformers.models.gemma4.image_processing_gemma4 import (
     get_aspect_ratio_preserving_size,
 )
 
+from ..pixels import UINT8_SCALE
+from .env import logger
+
 
 def rescale_exact(values: np.ndarray, factor: float, out: np.ndarray | None = None) -> np.ndarray:
     """`torch.from_numpy(values) * factor` for uint8 `values`, in numpy: float32 x float32."""
@@ -52,9 +57,14 @@ def position_ids(patch_height: int, patch_width: int, max_patches: int) -> torch
 
 
 def patchify_rescale_into(
-    images: np.ndarray, patch_size: int, factor: float, out: np.ndarray, rows: Sequence[int]
+    images: np.ndarray,
+    patch_size: int,
+    factor: float | None,
+    out: np.ndarray,
+    rows: Sequence[int],
 ) -> int:
-    """Patchify uint8 [N, C, H, W] images and write `patch * factor` to `out[rows[i], :n]`.
+    """Patchify uint8 [N, C, H, W] images and write `patch * factor` (factor None: the bytes
+    as they are) to `out[rows[i], :n]`.
 
     Returns n, the patches per image. Patch layout is HF's `convert_image_to_patches`:
     (row, col) patches, each flattened as (py, px, channel).
@@ -66,7 +76,10 @@ def patchify_rescale_into(
     patches = patches.reshape(count, ph * pw, patch_size * patch_size * channels)
     n = ph * pw
     for i, row in enumerate(rows):
-        rescale_exact(patches[i], factor, out=out[row, :n])
+        if factor is None:
+            out[row, :n] = patches[i]
+        else:
+            rescale_exact(patches[i], factor, out=out[row, :n])
     return n
 
 
@@ -79,14 +92,17 @@ def preprocess_uint8(
     patch_size: int,
     max_soft_tokens: int,
     pooling_kernel_size: int,
+    rescale: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """pixel_values [N, max_patches, p*p*C] float32, position ids [N, max_patches, 2], soft tokens.
 
     `images` are uint8 [C, H, W] tensors (what TorchvisionBackend hands `_preprocess`).
+    `rescale=False`: pixel_values are the uint8 patches, zero padded (the uint8 hand-off).
     """
     max_patches = max_soft_tokens * pooling_kernel_size**2
     channels = int(images[0].shape[0])
-    out = np.zeros((len(images), max_patches, patch_size * patch_size * channels), np.float32)
+    shape = (len(images), max_patches, patch_size * patch_size * channels)
+    out = np.zeros(shape, np.float32 if rescale else np.uint8)
     positions = torch.empty((len(images), max_patches, 2), dtype=torch.int64)
     soft_tokens = [0] * len(images)
 
@@ -109,7 +125,8 @@ def preprocess_uint8(
                     torch.from_numpy(batch), size=[th, tw], interpolation=resample, antialias=True
                 )
                 batch = resized.numpy()
-        n = patchify_rescale_into(batch, patch_size, rescale_factor, out, rows)
+        factor = rescale_factor if rescale else None
+        n = patchify_rescale_into(batch, patch_size, factor, out, rows)
         ph, pw = batch.shape[2] // patch_size, batch.shape[3] // patch_size
         pos = position_ids(ph, pw, max_patches)
         for row in rows:
@@ -130,10 +147,32 @@ def supports(images: Sequence[Any], do_rescale: bool, do_normalize: bool) -> boo
     return True
 
 
+@functools.cache
+def _warn_factor_once(factor: float) -> None:
+    logger.warning(
+        "gemma4 media: rescale_factor=%r is not 1/255; float32 pixel values for these inputs "
+        "(the uint8 hand-off carries only Gemma 4's factor)",
+        factor,
+    )
+
+
+def handoff(uint8: Callable[[], bool], rescale_factor: float) -> bool:
+    """Whether this call emits uint8: switch on and the factor the engine assumes."""
+    if not uint8():
+        return False
+    if rescale_factor != UINT8_SCALE:
+        _warn_factor_once(rescale_factor)
+        return False
+    return True
+
+
 def make_fast_preprocess(
-    stock: Callable[..., BatchFeature], enabled: Callable[[], bool]
+    stock: Callable[..., BatchFeature],
+    enabled: Callable[[], bool],
+    uint8: Callable[[], bool] = lambda: False,
 ) -> Callable[..., BatchFeature]:
-    """A drop-in `Gemma4ImageProcessor._preprocess` that uses the fast path when it applies."""
+    """A drop-in `Gemma4ImageProcessor._preprocess` that uses the fast path when it applies;
+    with `uint8()` true its pixel_values are the uint8 patches (see `..pixels`)."""
 
     @functools.wraps(stock)
     def _preprocess(
@@ -184,6 +223,7 @@ def make_fast_preprocess(
             patch_size=patch_size,
             max_soft_tokens=max_soft_tokens,
             pooling_kernel_size=pooling_kernel_size,
+            rescale=not handoff(uint8, rescale_factor),
         )
         data = {
             "pixel_values": pixel_values,
