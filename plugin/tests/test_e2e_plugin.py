@@ -121,3 +121,23 @@ def test_fast_mode_keeps_greedy_tokens_on_fixed_inputs(vllm_server, vllm_server_
     text = fast_server.metrics_text()
     assert metric(text, "gemma4_encoder_info", mode="fast", cuda_graphs="false") == 1
     assert metric(text, "gemma4_encoder_calls_total", path="plugin") >= 3
+
+
+def test_uint8_handoff_keeps_greedy_outputs(vllm_server, vllm_server_factory):
+    """GEMMA4_MEDIA_UINT8=on: the API server sends uint8 patches, the engine rescales them; same
+    tokens and logprobs as the float path (the encoder sees torch.equal tensors: unit tests)."""
+    requests = [image_request(seed=401), video_request(seed=402), image_request(seed=403)]
+    floats = [chat(vllm_server, r) for r in requests]
+    assert "uint8 pixel values received" not in vllm_server.log_path.read_text()
+    server = vllm_server_factory("media-uint8", env={"GEMMA4_MEDIA_UINT8": "on"})
+    handed_off = [chat(server, r) for r in requests]
+    # the engine saw bytes, not floats (logged once, at the first uint8 batch)
+    assert "uint8 pixel values received" in server.log_path.read_text()
+    for a, b in zip(floats, handed_off, strict=True):
+        assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+        assert tokens(a) == tokens(b)
+        assert [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]] == [
+            t["logprob"] for t in b["choices"][0]["logprobs"]["content"]
+        ]
+    text = server.metrics_text()
+    assert "gemma4_encoder_fallbacks_total{" not in text, "plugin fell back to stock"
