@@ -10,6 +10,12 @@ function's samples add up. With `--threads`, also each thread's share and its to
 idle thread waiting on a queue is told apart from the busy loop). Made for the H200 sittings'
 question "where does vLLM's engine core spend its time at the rate where ITL breaks"
 (bench/gpu/h200.sh profile).
+
+    python bench/pyspy_top.py e.txt --thread MainThread \
+        --below "execute_model (vllm/v1/worker/gpu_model_runner" --depth 3
+
+splits one thread's samples by the calls under the innermost frame that starts with `--below`
+(a frame is `function (file)`), as % of that thread's samples: which part of a step holds it.
 """
 
 from __future__ import annotations
@@ -75,12 +81,44 @@ def top(stacks: list[tuple[tuple[str, ...], int]], n: int = 20) -> dict[str, obj
     }
 
 
+def breakdown(
+    stacks: list[tuple[tuple[str, ...], int]], thread: str, below: str, depth: int = 3
+) -> list[tuple[str, float]]:
+    """Samples of the threads whose name contains `thread`, grouped by the `depth` frames under
+    the innermost frame starting with `below` (" > "-joined; "(not under ...)" and "(in ...)"
+    for samples outside it or in it), as percent of those threads' samples, largest first."""
+    paths: Counter[str] = Counter()
+    for stack, count in stacks:
+        name, frames = _thread(stack)
+        if thread not in name:
+            continue
+        anchors = [i for i, frame in enumerate(frames) if frame.startswith(below)]
+        if not anchors:
+            paths[f"(not under {below})"] += count
+            continue
+        under = frames[anchors[-1] + 1 : anchors[-1] + 1 + depth]
+        paths[" > ".join(f.split(" (")[0] for f in under) or f"(in {below})"] += count
+    total = sum(paths.values())
+    return [(path, 100.0 * c / total) for path, c in paths.most_common()] if total else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path, help="py-spy record --format raw output")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--out", type=Path, help="also write the tables as JSON")
+    parser.add_argument("--thread", help="with --below: only threads whose name contains this")
+    parser.add_argument("--below", help="split --thread's samples under this frame (prefix)")
+    parser.add_argument("--depth", type=int, default=3, help="frames under --below to group by")
     args = parser.parse_args()
+    if args.below:
+        rows = breakdown(parse(args.raw.read_text()), args.thread or "", args.below, args.depth)
+        print(f"{args.raw}: threads '{args.thread or '*'}' under {args.below}")
+        for path, share in rows[: args.top]:
+            print(f"  {share:5.1f}%  {path}")
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=2))
+        return
     result = top(parse(args.raw.read_text()), args.top)
     print(f"{args.raw}: {result['samples']} samples")
     for kind in ("self", "inclusive"):

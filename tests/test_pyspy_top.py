@@ -95,3 +95,20 @@ def test_threads_are_split_off_and_reported() -> None:
         ("thread (12): out", 40.0),
     ]
     assert result["threads"][1]["self"] == [("get (queue.py)", 40.0)]
+
+
+def test_breakdown_groups_one_threads_samples_under_the_innermost_anchor() -> None:
+    text = (
+        "thread (11): MainThread;loop (e.py:1);run (w.py:1);run (w.py:2);batch (m.py:3) 5\n"
+        "thread (11): MainThread;loop (e.py:1);run (w.py:1);run (w.py:2);fwd (m.py:4);k (m:5) 3\n"
+        "thread (11): MainThread;loop (e.py:1);run (w.py:1) 1\n"
+        "thread (11): MainThread;loop (e.py:1);wait (q.py:1) 1\n"
+        "thread (12): out;run (w.py:3);batch (m.py:3) 90\n"
+    )
+    rows = pyspy_top.breakdown(pyspy_top.parse(text), "MainThread", "run (w.py)", depth=2)
+    assert rows == [
+        ("batch", 50.0),  # under the innermost run(), not the outer one
+        ("fwd > k", 30.0),
+        ("(in run (w.py))", 10.0),
+        ("(not under run (w.py))", 10.0),
+    ]  # the other thread's 90 samples are not counted
