@@ -29,7 +29,10 @@ def _int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a non-negative integer") from None
     if value < 0:
         raise ValueError(f"{name}={raw!r}: must be >= 0")
     return value
@@ -49,6 +52,9 @@ class Settings:
     # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only. Off by
     # default until a served sweep on the H200 shows it helps under load (see plugin/README.md).
     fused: Fused = "off"
+    # torch.set_num_threads in the process that builds the model (engine_threads.py); 0 = leave
+    # vLLM's setting.
+    engine_torch_threads: int = 0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,4 +74,5 @@ class Settings:
             verify_every=_int("GEMMA4_ENCODER_VERIFY_EVERY", 0),
             compile_fast=_flag("GEMMA4_ENCODER_COMPILE", False),
             fused=fused,  # type: ignore[arg-type]
+            engine_torch_threads=_int("GEMMA4_ENGINE_TORCH_THREADS", 0),
         )

@@ -18,8 +18,10 @@ import torch
 from vllm.model_executor.models.gemma4_mm import (
     Gemma4ForConditionalGeneration as _Upstream,
 )
+from vllm.platforms import current_platform
 
 from . import pixels
+from .engine_threads import set_engine_torch_threads
 from .log import logger
 from .media.env import uint8_requested
 from .pooling import pool_exact
@@ -68,6 +70,8 @@ class Gemma4ForConditionalGeneration(_Upstream):
         self._g4: EncoderRuntime | None = None
         try:
             settings = Settings.from_env()
+            # Only the engine core (one GPU) or the workers build the model; API servers don't.
+            set_engine_torch_threads(settings.engine_torch_threads, current_platform.is_cpu())
             active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
         except Exception:

@@ -1,0 +1,124 @@
+"""GEMMA4_ENGINE_TORCH_THREADS: parsed with the other settings; torch's intra-op thread count set
+once, at model construction, in the process that runs the model, and never on a CPU platform."""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+import g4helpers as H
+import pytest
+import torch
+from torch import nn
+
+from gemma4_batched_encoder import engine_threads, vllm_model
+from gemma4_batched_encoder.engine_threads import ENV, set_engine_torch_threads
+from gemma4_batched_encoder.settings import Settings
+
+LOGGER = "vllm.gemma4_batched_encoder"
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+
+
+def other_count() -> int:
+    """A thread count different from the current one (so that setting it is observable)."""
+    return 1 if torch.get_num_threads() != 1 else 2
+
+
+# -- settings -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("raw", "want"), [(None, 0), ("", 0), ("  ", 0), ("0", 0), ("4", 4)])
+def test_setting_parses(monkeypatch, raw, want):
+    if raw is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, raw)
+    assert Settings.from_env().engine_torch_threads == want
+
+
+def test_setting_defaults_to_leave_vllms_choice():
+    assert Settings().engine_torch_threads == 0
+
+
+@pytest.mark.parametrize("raw", ["four", "-1", "2.5", "1e3"])
+def test_bad_setting_raises_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(ENV, raw)
+    with pytest.raises(ValueError, match=ENV):
+        Settings.from_env()
+
+
+# -- the function -------------------------------------------------------------------------------
+def test_sets_torch_threads_off_cpu_and_nothing_else(caplog):
+    old, want = torch.get_num_threads(), other_count()
+    interop, env = torch.get_num_interop_threads(), dict(os.environ)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert set_engine_torch_threads(want, on_cpu_platform=False) is True
+    assert torch.get_num_threads() == want
+    assert torch.get_num_interop_threads() == interop
+    assert dict(os.environ) == env
+    lines = [r.getMessage() for r in caplog.records if ENV in r.getMessage()]
+    assert len(lines) == 1
+    assert f"{old} -> {want}" in lines[0]
+
+
+def test_leaves_threads_alone_on_cpu(caplog):
+    old = torch.get_num_threads()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert set_engine_torch_threads(other_count(), on_cpu_platform=True) is False
+    assert torch.get_num_threads() == old
+    lines = [r.getMessage() for r in caplog.records if ENV in r.getMessage()]
+    assert len(lines) == 1
+    assert "CPU platform" in lines[0]
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_zero_leaves_threads_alone_silently(caplog, on_cpu):
+    old = torch.get_num_threads()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert set_engine_torch_threads(0, on_cpu_platform=on_cpu) is False
+    assert torch.get_num_threads() == old
+    assert not [r for r in caplog.records if ENV in r.getMessage()]
+
+
+# -- called from the model class's constructor ---------------------------------------------------
+def construct_plugin_model(monkeypatch):
+    """The plugin's model class built through its own __init__, upstream's replaced by a stub
+    that only provides the vision tower (no vLLM config, no weights)."""
+
+    def upstream_init(self, *, vllm_config, prefix=""):
+        nn.Module.__init__(self)
+        self.vision_tower = H.tower(torch.float32)
+
+    monkeypatch.setattr(vllm_model._Upstream, "__init__", upstream_init)
+    config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
+    return vllm_model.Gemma4ForConditionalGeneration(vllm_config=config)
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_model_construction_applies_the_setting(monkeypatch, on_cpu):
+    monkeypatch.setenv(ENV, str(other_count()))
+    monkeypatch.setattr(vllm_model.current_platform, "is_cpu", lambda: on_cpu)
+    calls = []
+    real = engine_threads.set_engine_torch_threads
+    monkeypatch.setattr(
+        vllm_model, "set_engine_torch_threads", lambda n, c: calls.append((n, c)) or real(n, c)
+    )
+    old, want = torch.get_num_threads(), other_count()
+    model = construct_plugin_model(monkeypatch)
+    assert calls == [(want, on_cpu)]
+    assert torch.get_num_threads() == (old if on_cpu else want)
+    assert model._g4 is not None  # the encoder runtime is unaffected
+
+
+def test_model_construction_without_the_setting_leaves_threads(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(vllm_model.current_platform, "is_cpu", lambda: False)
+    old = torch.get_num_threads()
+    construct_plugin_model(monkeypatch)
+    assert torch.get_num_threads() == old
