@@ -78,4 +78,4 @@ def test_calls_items_seconds_fallbacks(exposition):
     assert sample(exposition, "gemma4_encoder_fallbacks_total", reason="ZeroDivisionError") == 1
     assert "gemma4_encoder_verify_checks_total" in exposition
     assert "gemma4_encoder_verify_mismatches_total" in exposition
-    assert sample(exposition, "gemma4_encoder_fused_layers") == 0  # off by default
+    assert sample(exposition, "gemma4_encoder_fused_layers") == 0  # auto: CUDA only

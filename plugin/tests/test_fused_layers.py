@@ -38,10 +38,11 @@ def test_fused_exact_is_bit_identical_to_the_per_item_tower():
     )
 
 
-def test_fused_is_off_by_default_and_auto_means_cuda_only(monkeypatch):
+def test_fused_is_auto_by_default_and_auto_means_cuda_only(monkeypatch):
     tower = H.tower(torch.bfloat16)
     cpu = torch.device("cpu")
-    assert Settings.from_env().fused == "off"
+    monkeypatch.delenv("GEMMA4_ENCODER_FUSED", raising=False)
+    assert Settings.from_env().fused == "auto"
     assert not BatchedVisionEncoder(tower, Settings()).fused_active(cpu, torch.bfloat16)
     assert not BatchedVisionEncoder(tower, Settings(fused="auto")).fused_active(cpu, torch.bfloat16)
     for raw, want in (("1", "on"), ("auto", "auto"), ("0", "off")):

@@ -3,8 +3,8 @@
 Methods (same tower, same inputs per batch size):
   serial        vt(pv, pp) once per frame/image (vLLM 0.20-0.22)
   upstream      encoder batched, pooler + boolean-mask indexing per item (vLLM 0.23+)
-  exact         plugin exact mode, eager
-  exact-graphs  plugin exact mode replayed from CUDA graphs (CUDA only)
+  exact         plugin exact mode, eager, unfused
+  exact-graphs  plugin exact mode replayed from CUDA graphs (CUDA only), unfused
   exact-fused   exact-graphs with the inductor-fused encoder layers (GEMMA4_ENCODER_FUSED=on)
   fast          plugin fast mode (CUDA graphs when on CUDA)
 Prints median milliseconds and ratios; ``--out`` writes everything as JSON. Each method's first
@@ -56,8 +56,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Settings.from_env()
     cuda = args.device == "cuda"
     encoders = {
-        "exact": BatchedVisionEncoder(vt, replace(base, mode="exact", cuda_graphs=False)),
-        "exact-graphs": BatchedVisionEncoder(vt, replace(base, mode="exact", cuda_graphs=True)),
+        # The unfused columns stay unfused whatever GEMMA4_ENCODER_FUSED says (auto by default).
+        "exact": BatchedVisionEncoder(
+            vt, replace(base, mode="exact", cuda_graphs=False, fused="off")
+        ),
+        "exact-graphs": BatchedVisionEncoder(
+            vt, replace(base, mode="exact", cuda_graphs=True, fused="off")
+        ),
         "exact-fused": BatchedVisionEncoder(
             vt, replace(base, mode="exact", cuda_graphs=True, fused="on")
         ),

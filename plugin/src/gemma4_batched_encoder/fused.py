@@ -14,10 +14,10 @@ Measured on one H200 (E4B dims, bf16; bench/results/h200/encoder-fusion/): bit-i
 serial per-item tower at 1-16 videos and with images; inside CUDA graphs one 6-frame video 11.1
 -> 5.9 ms and 16 videos 145 -> 73 ms (`bench/encoder_fusion_probe.py`). Every new (device,
 dtype) is self-checked against the unfused path first; any difference or compile error keeps the
-unfused path. Off by default (``GEMMA4_ENCODER_FUSED``) until a served sweep with this version
-shows it helps under load: the first build (one compile per layer) halved the encoder's time per
-call in vLLM 0.20.0 but its p95 at 35 video req/s was 1033 ms (unfused 222); it could compile new
-graphs while serving, the likely cause (not measured), which this version rules out.
+unfused path. On by default for CUDA (``GEMMA4_ENCODER_FUSED=auto``): served on vLLM 0.20.0 this
+version compiled nothing after start-up (``TORCH_LOGS=recompiles``), where the first build (one
+compile per layer) had compiled while serving and its p95 at 35 video req/s was 1033 ms (unfused
+222; bench/results/h200/vllm-0.20.0-8api*/NOTES.md).
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ class Settings:
     cuda_graph_max_items: int = 128
     verify_every: int = 0
     compile_fast: bool = False
-    # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only. Off by
-    # default until a served sweep on the H200 shows it helps under load (see plugin/README.md).
-    fused: Fused = "off"
+    # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only (served
+    # on the H200 without a compile after start-up; CPU inductor gains little and compiles long).
+    fused: Fused = "auto"
     # torch.set_num_threads in the process that builds the model (engine_threads.py); 0 = leave
     # vLLM's setting.
     engine_torch_threads: int = 0
@@ -61,7 +61,7 @@ class Settings:
         mode = os.environ.get("GEMMA4_ENCODER_MODE", "exact").strip().lower() or "exact"
         if mode not in ("exact", "fast"):
             raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
-        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "off").strip().lower()
+        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "auto").strip().lower()
         fused = "on" if fused in _TRUE else "off" if fused in _FALSE else fused
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
