@@ -1,8 +1,10 @@
-"""Exact mode's inductor-fused encoder layers (fused.py): bit-identical, and off when unsafe."""
+"""Inductor-fused encoder layers (fused.py): bit-identical in exact mode, close in fast mode, and
+off when unsafe."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import g4helpers as H
 import pytest
@@ -101,3 +103,49 @@ def test_the_runtime_reports_fused_layers_in_its_metric():
     rt.end_call()
     assert_identical(out, serial_per_item(tower, pvs, pps))
     assert REGISTRY.get_sample_value("gemma4_encoder_fused_layers") == 1
+
+
+FAST = Settings(mode="fast", cuda_graphs=False)
+
+
+def _patched_norms(tower: torch.nn.Module) -> int:
+    return sum("_norm" in vars(m) for m in tower.modules())
+
+
+def test_fast_mode_compiles_its_layers_plainly_and_stays_close_to_eager():
+    tower = H.tower(torch.float32, seed=6)
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=6)
+    eager = BatchedVisionEncoder(tower, replace(FAST, fused="off"))
+    want = eager.encode(pvs, pps)
+    enc = BatchedVisionEncoder(tower, replace(FAST, fused="on"))
+    got = enc.encode(pvs, pps)
+    assert enc.fused_in_use() and not eager.fused_in_use()
+    layers = enc.fast_layers(torch.device("cpu"), torch.float32)
+    assert layers is not None and not layers.exact
+    assert _patched_norms(tower) == 0  # plain inductor: the norms fuse too
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # auto = CUDA only; GEMMA4_ENCODER_COMPILE (the whole pass compiled) takes precedence.
+    cpu = torch.device("cpu")
+    assert BatchedVisionEncoder(tower, FAST).fast_layers(cpu, torch.float32) is None
+    whole = replace(FAST, fused="on", compile_fast=True)
+    assert BatchedVisionEncoder(tower, whole).fast_layers(cpu, torch.float32) is None
+
+
+def test_a_failing_fast_compiled_call_runs_the_layers_eagerly(monkeypatch, caplog):
+    import gemma4_batched_encoder.fused as F
+
+    def broken(self, *args):
+        raise RuntimeError("inductor failed at run time")
+
+    monkeypatch.setattr(F.FusedLayers, "hidden", broken)
+    tower = H.tower(torch.float32, seed=7)
+    pvs, pps = H.batch(COMPOSITIONS["one_video"], torch.float32, seed=7)
+    enc = BatchedVisionEncoder(tower, replace(FAST, fused="on"))
+    with caplog.at_level(logging.WARNING):
+        got = enc.encode(pvs, pps)
+    want = BatchedVisionEncoder(tower, replace(FAST, fused="off")).encode(pvs, pps)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # the same eager path
+    assert not enc.fused_in_use()
+    assert "fast mode runs them eagerly from now on" in caplog.text

@@ -90,19 +90,26 @@ def exact_chunk(
 
 
 def fast_chunk(
-    vt: nn.Module, pixel_values: torch.Tensor, position_ids: torch.Tensor
+    vt: nn.Module,
+    pixel_values: torch.Tensor,
+    position_ids: torch.Tensor,
+    layers: FusedLayers | None = None,
 ) -> torch.Tensor:
     """[B, L', H] soft tokens from valid patches only (the caller slices off the padding suffix).
 
     No padding means no attention mask (flash SDPA can run) and fewer tokens; one batched pooler
-    GEMM. Mathematically equal to the exact path; not bitwise.
+    GEMM. Mathematically equal to the exact path; not bitwise. ``layers``: the encoder layers
+    compiled (``FusedLayers(vt, exact=False)``) instead of ``vt.encoder``.
     """
     k = vt.config.pooling_kernel_size
     output_length = pixel_values.shape[1] // (k * k)
     padding = torch.zeros(position_ids.shape[:2], dtype=torch.bool, device=position_ids.device)
     embeds = vt.patch_embedder(pixel_values, position_ids, padding)
-    hidden = vt.encoder(
-        inputs_embeds=embeds, attention_mask=None, pixel_position_ids=position_ids
-    ).last_hidden_state
+    if layers is not None:
+        hidden = layers.hidden(embeds, None, position_ids)
+    else:
+        hidden = vt.encoder(
+            inputs_embeds=embeds, attention_mask=None, pixel_position_ids=position_ids
+        ).last_hidden_state
     pooled = pool_batched(hidden, position_ids, None, output_length, k, vt.pooler.root_hidden_size)
     return _finish(vt, pooled, embeds.dtype)

@@ -38,6 +38,8 @@ class BatchedVisionEncoder:
         self._poolers: dict[tuple[torch.device, torch.dtype], PoolerImpl] = {}
         self._fused: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
         self._fused_layers: FusedLayers | None = None  # compiled once per tower
+        # Fast mode's compiled layers per (device, dtype); None = eager (off, or it failed).
+        self._fast_layers: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
             self._fast_fn = torch.compile(self._fast_fn, dynamic=False)
@@ -86,8 +88,26 @@ class BatchedVisionEncoder:
         return self._fused[key]
 
     def fused_in_use(self) -> bool:
-        """Whether any device/dtype checked so far runs the fused layers (no check triggered)."""
-        return any(layers is not None for layers in self._fused.values())
+        """Whether any device/dtype used so far runs fused layers, exact or fast (no check
+        triggered)."""
+        return any(v is not None for v in (*self._fused.values(), *self._fast_layers.values()))
+
+    def fast_layers(self, device: torch.device, dtype: torch.dtype) -> FusedLayers | None:
+        """Fast mode's compiled layers (plain inductor, no bit check: fast mode promises only
+        closeness), per the ``fused`` setting; None with GEMMA4_ENCODER_COMPILE, which compiles
+        the whole fast pass instead."""
+        setting = self.settings.fused
+        if (
+            setting == "off"
+            or (setting == "auto" and device.type != "cuda")
+            or self.settings.compile_fast
+        ):
+            return None
+        key = (device, dtype)
+        if key not in self._fast_layers:
+            self._fast_layers[key] = FusedLayers(self.vt, exact=False)
+            logger.info("fast mode on %s/%s: compiled encoder layers on", device, dtype)
+        return self._fast_layers[key]
 
     def fused_active(self, device: torch.device, dtype: torch.dtype) -> bool:
         return self.fused_layers(device, dtype) is not None
@@ -137,16 +157,30 @@ class BatchedVisionEncoder:
                     # Valid patches are a prefix of each item (the HF processor pads at the end).
                     pv = _stack(items, idx, "pixel_values", valid)
                     pp = _stack(items, idx, "position_ids", valid)
-                    pooled = None
-                    if self.graphs_active(pv.device):
-                        pooled = self.graphs.run(("fast",), self._fast_fn, pv, pp)
-                    if pooled is None:
-                        pooled = self._fast_fn(pv, pp)
+                    pooled = self._fast(pv, pp)
                     for j, i in enumerate(idx):
                         out[i] = pooled[j]
         else:
             raise ValueError(f"unknown mode {mode!r}")
         return out  # type: ignore[return-value]
+
+    def _fast(self, pv: torch.Tensor, pp: torch.Tensor) -> torch.Tensor:
+        layers = self.fast_layers(pv.device, pv.dtype)
+        fn = self._fast_fn if layers is None else partial(fast_chunk, self.vt, layers=layers)
+        try:
+            pooled = None
+            if self.graphs_active(pv.device):
+                pooled = self.graphs.run(("fast", layers is not None), fn, pv, pp)
+            return pooled if pooled is not None else fn(pv, pp)
+        except Exception:
+            if layers is None:
+                raise
+            logger.warning(
+                "compiled encoder layers failed; fast mode runs them eagerly from now on",
+                exc_info=True,
+            )
+            self._fast_layers[(pv.device, pv.dtype)] = None
+            return self._fast(pv, pp)
 
     def _exact(self, pv: torch.Tensor, pp: torch.Tensor, has_padding: bool) -> torch.Tensor:
         impl = self.pooler_impl(pv.device, pv.dtype)

@@ -65,23 +65,27 @@ def _is_rms_norm(module: nn.Module) -> bool:
 class FusedLayers:
     """A vision tower's encoder layers (its modules, not copies), run through one compiled call.
 
-    The norms inside the layers get an instance-level ``_norm`` that runs the same eager kernels
-    as the class's (so the stock path, which calls the same modules, keeps its values); the layer
+    ``exact=True`` (exact mode): the norms inside the layers get an instance-level ``_norm`` that
+    runs the same eager kernels as the class's (so the stock path, which calls the same modules,
+    keeps its values), and bf16 casts are emulated. ``exact=False`` (fast mode): plain inductor,
+    which may round and reduce differently (fast mode reports its deviation; `verify`). The layer
     modules themselves are not changed.
     """
 
-    def __init__(self, vt: nn.Module) -> None:
+    def __init__(self, vt: nn.Module, exact: bool = True) -> None:
         import torch._inductor.config as inductor_config
 
-        if not hasattr(inductor_config, "emulate_precision_casts"):
+        if exact and not hasattr(inductor_config, "emulate_precision_casts"):
             raise RuntimeError(f"torch {torch.__version__} has no emulate_precision_casts")
         encoder = vt.encoder
         self.encoder = encoder
+        self.exact = exact
         layers = list(encoder.layers[: encoder.config.num_hidden_layers])
-        for layer in layers:
-            for module in layer.modules():
-                if _is_rms_norm(module):
-                    module._norm = MethodType(_norm_eager_reduction, module)
+        if exact:
+            for layer in layers:
+                for module in layer.modules():
+                    if _is_rms_norm(module):
+                        module._norm = MethodType(_norm_eager_reduction, module)
         self.layers = layers
 
     def hidden(
@@ -94,7 +98,7 @@ class FusedLayers:
         )
         hidden_states = inputs_embeds
         position_embeddings = encoder.rotary_emb(hidden_states, pixel_position_ids)
-        call = _compiled_layer_call()
+        call = _compiled_layer_call(self.exact)
         # An inference tensor like every other input here (dynamo guards on the dispatch keys:
         # a plain tensor from outside inference mode would compile another graph under load).
         position_ids = pixel_position_ids.clone()
@@ -130,15 +134,15 @@ def _layer_call(
     )
 
 
-_COMPILED: list[Callable[..., Tensor]] = []
+_COMPILED: dict[bool, Callable[..., Tensor]] = {}
 
 
-def _compiled_layer_call() -> Callable[..., Tensor]:
+def _compiled_layer_call(exact: bool = True) -> Callable[..., Tensor]:
     """One compiled function for every layer of every tower in the process. The layer is an
     input (torch inlines nn.Modules and lifts their parameters), so all layers share its few
     cache entries (with mask / without, batch of one / more). One ``torch.compile`` per layer
     makes each layer its own backend and cache entry: 16 layers passed dynamo's recompile limit
-    (8) on the H200 and the rest ran unfused (2026-11-30)."""
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(_layer_call, options=_OPTIONS))
-    return _COMPILED[0]
+    (8) on the H200 and the rest ran unfused (2026-11-30). Exact and fast each have their own."""
+    if exact not in _COMPILED:
+        _COMPILED[exact] = torch.compile(_layer_call, options=_OPTIONS if exact else None)
+    return _COMPILED[exact]

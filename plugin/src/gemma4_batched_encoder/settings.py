@@ -49,8 +49,9 @@ class Settings:
     cuda_graph_max_items: int = 128
     verify_every: int = 0
     compile_fast: bool = False
-    # exact mode's inductor-fused encoder layers (fused.py): auto = on CUDA devices only (served
-    # on the H200 without a compile after start-up; CPU inductor gains little and compiles long).
+    # inductor-fused encoder layers (fused.py; exact mode: bit-identical, fast mode: plain).
+    # auto = CUDA only (exact served on the H200 without a compile after start-up; on CPU
+    # inductor gains little and compiles long).
     fused: Fused = "auto"
     # torch.set_num_threads in the process that builds the model (engine_threads.py); 0 = leave
     # vLLM's setting.
