@@ -20,7 +20,7 @@
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
-#                                           greedy outputs or TTFT gap)
+#                                           greedy outputs or TTFT gap, a short warm-up instead)
 #   bench/gpu/h200.sh profile NAME PORT WORKLOAD RATE SECONDS   py-spy of the server's engine core
 #                                           and first API server while a constant-rate load runs
 #                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py),
@@ -152,6 +152,13 @@ measure)
       --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
       --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
+  fi
+  if [[ -n "${SWEEP_ONLY:-}" ]]; then
+    # A fresh server captures its encoder CUDA graphs (one per batch bucket) on first use: warm
+    # them before the sweep, as the TTFT-gap run does otherwise (the seventh sitting's uint8 run
+    # went straight into 40 req/s and was confounded by it).
+    python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 3 \
+      --burst 16 --out "/tmp/warmup-$name.json" >/dev/null || echo "warm-up: exit $?"
   fi
   save_metrics "$port" "$OUT/$name-metrics-before.txt" # the sweep's own per-stage breakdown
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
