@@ -19,8 +19,10 @@ The CPU -> GPU copy of pixel values cannot be measured on this machine (no devic
 
 Variants of the processor stages, interleaved in every repetition: `stock` (transformers code,
 torch's default threads), `stock_1thread` (same, torch.set_num_threads(1): isolates OpenMP
-contention), `fast` (gemma4_batched_encoder.media fast path). Outputs of stock and fast are
-compared with torch.equal on every repetition.
+contention), `fast` (gemma4_batched_encoder.media fast path), `fast_uint8` (the fast path handing
+uint8 patches, GEMMA4_MEDIA_UINT8: no rescale, no cast to the model dtype, a quarter of float32's
+bytes; serialize/zmq/deserialize are measured for its item too). Outputs are compared with stock's
+by torch.equal on every repetition (fast_uint8's after the engine's rescale, `pixels`).
 
     .venv/bin/python bench/media_stages.py --reps 15 --burst 8 \
         --out bench/results/media/cpu-2core.json
@@ -47,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "local"))
 sys.path.insert(0, str(ROOT / "plugin" / "src"))
 
-VARIANTS = ("stock", "stock_1thread", "fast")
+VARIANTS = ("stock", "stock_1thread", "fast", "fast_uint8")
+PIXEL_FIELDS = ("pixel_values_videos", "pixel_position_ids_videos")
 
 
 def realistic_mp4(
@@ -187,7 +190,8 @@ class Bench:
         return getattr(loaded, "media", loaded)
 
     def variant(self, name: str) -> None:
-        self.media.set_fast_path(name == "fast")
+        self.media.set_fast_path(name.startswith("fast"))
+        self.media.set_uint8(name == "fast_uint8")
         self.torch.set_num_threads(1 if name == "stock_1thread" else self.default_threads)
 
     def apply(self, video: tuple[np.ndarray, dict]) -> Any:
@@ -299,6 +303,8 @@ def main() -> None:
         args.model = stack.ensure_model()
     bench = Bench(args.model)
     torch = bench.torch
+    from gemma4_batched_encoder.pixels import to_stock_pixels
+
     mp4 = realistic_mp4(seed=1)
     body = request_body(mp4, str(args.model))
 
@@ -337,13 +343,18 @@ def main() -> None:
             outputs[name] = (hf_out, mm_item(out))
         bench.variant("stock")
         ref_hf, ref_item = outputs["stock"]
-        for name in ("stock_1thread", "fast"):
+        for name in ("stock_1thread", "fast", "fast_uint8"):
             hf_out, item = outputs[name]
-            same = all(torch.equal(ref_hf[k], hf_out[k]) for k in ref_hf) and all(
-                torch.equal(ref_item[k].data, item[k].data)
-                for k in ("pixel_values_videos", "pixel_position_ids_videos")
+            # uint8 patches as the engine restores them (no-op for the float variants)
+            same = all(
+                torch.equal(want, to_stock_pixels(hf_out[k], want.dtype))
+                for k, want in ref_hf.items()
+            ) and all(
+                torch.equal(want, to_stock_pixels(item[k].data, want.dtype))
+                for k, want in ((k, ref_item[k].data) for k in PIXEL_FIELDS)
             )
             mismatches += not same
+        uint8_item = outputs["fast_uint8"][1]
         pv = ref_item["pixel_values_videos"].data
         pixel_bytes = {
             "shape": list(pv.shape),
@@ -357,6 +368,9 @@ def main() -> None:
     transfer = transfer_stages(mm_item(bench.apply(bench.decode(mp4))), args.reps)
     for key, values in transfer["samples"].items():
         stage_samples[key] = values
+    transfer_uint8 = transfer_stages(uint8_item, args.reps)
+    for key, values in transfer_uint8["samples"].items():
+        stage_samples[f"{key}_uint8"] = values
 
     # Burst: N distinct videos, decoded and processed one after another, as one API server does.
     burst_mp4 = [realistic_mp4(seed=100 + i) for i in range(args.burst)]
@@ -390,6 +404,7 @@ def main() -> None:
         "input": {"mp4_bytes": len(mp4), "body_bytes": len(body), "frames": 6, "size": "640x480"},
         "pixel_values_videos": pixel_bytes,
         "zmq_message_bytes": transfer["message_bytes"],
+        "zmq_message_bytes_uint8": transfer_uint8["message_bytes"],
         "mismatches_vs_stock": mismatches,
         "stages": {k: summary(v) for k, v in stage_samples.items()},
         "variants": {
@@ -435,8 +450,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [f"| {name} | {ms(entry)} |" for name, entry in result["stages"].items()]
     lines += [
         "",
-        "| processor stage | stock | stock, 1 torch thread | fast | stock / fast |",
-        "|---|---|---|---|---|",
+        "| processor stage | stock | stock, 1 torch thread | fast | fast, uint8 | stock / fast |",
+        "|---|---|---|---|---|---|",
     ]
     v = result["variants"]
     for stage in v["stock"]:
@@ -444,13 +459,13 @@ def markdown(result: dict[str, Any]) -> str:
         ratio_s = "n/a (not patched)" if stage == "hf_video_proc" else f"{ratio:.1f}x"
         lines.append(
             f"| {stage} | {ms(v['stock'][stage])} | {ms(v['stock_1thread'][stage])} | "
-            f"{ms(v['fast'][stage])} | {ratio_s} |"
+            f"{ms(v['fast'][stage])} | {ms(v['fast_uint8'][stage])} | {ratio_s} |"
         )
     lines += [
         "",
         f"| burst of {result['burst']['videos']} videos, one after another | stock | "
-        "stock, 1 torch thread | fast | stock / fast |",
-        "|---|---|---|---|---|",
+        "stock, 1 torch thread | fast | fast, uint8 | stock / fast |",
+        "|---|---|---|---|---|---|",
     ]
     for key, label in (
         ("burst", "video_decode + mm_processor, total ms"),
@@ -459,12 +474,13 @@ def markdown(result: dict[str, Any]) -> str:
         b = result[key]
         lines.append(
             f"| {label} | {ms(b['stock'])} | {ms(b['stock_1thread'])} | {ms(b['fast'])} | "
-            f"{b['stock']['median_ms'] / b['fast']['median_ms']:.1f}x |"
+            f"{ms(b['fast_uint8'])} | {b['stock']['median_ms'] / b['fast']['median_ms']:.1f}x |"
         )
     lines += [
         "",
         f"pixel_values_videos: {result['pixel_values_videos']}; zmq message "
-        f"{result['zmq_message_bytes']} bytes; mismatches vs stock: "
+        f"{result['zmq_message_bytes']} bytes ({result['zmq_message_bytes_uint8']} with uint8); "
+        "mismatches vs stock: "
         f"{result['mismatches_vs_stock']}; "
         f"load average at end {result['machine']['loadavg_at_end']}",
     ]
