@@ -43,6 +43,21 @@ def _finish(vt: nn.Module, pooled: torch.Tensor, dtype: torch.dtype) -> torch.Te
     return pooled.to(dtype)
 
 
+def _encode(
+    vt: nn.Module,
+    embeds: torch.Tensor,
+    mask: object,
+    position_ids: torch.Tensor,
+    layers: FusedLayers | None,
+) -> torch.Tensor:
+    """The encoder's last hidden state: through ``layers`` (compiled) or ``vt.encoder``."""
+    if layers is not None:
+        return layers.hidden(embeds, mask, position_ids)
+    return vt.encoder(
+        inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
+    ).last_hidden_state
+
+
 def exact_chunk(
     vt: nn.Module,
     pixel_values: torch.Tensor,
@@ -65,12 +80,7 @@ def exact_chunk(
     embeds = vt.patch_embedder(pixel_values, position_ids, padding)
     # The mask transformers builds for a padded item (without its `.all()` probe); none otherwise.
     mask = padded_attention_mask(vt, embeds, padding) if has_padding else None
-    if layers is not None:
-        hidden = layers.hidden(embeds, mask, position_ids)
-    else:
-        hidden = vt.encoder(
-            inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
-        ).last_hidden_state
+    hidden = _encode(vt, embeds, mask, position_ids, layers)
     if pooler == "stock":
         rows = [
             vt.pooler(
@@ -105,11 +115,6 @@ def fast_chunk(
     output_length = pixel_values.shape[1] // (k * k)
     padding = torch.zeros(position_ids.shape[:2], dtype=torch.bool, device=position_ids.device)
     embeds = vt.patch_embedder(pixel_values, position_ids, padding)
-    if layers is not None:
-        hidden = layers.hidden(embeds, None, position_ids)
-    else:
-        hidden = vt.encoder(
-            inputs_embeds=embeds, attention_mask=None, pixel_position_ids=position_ids
-        ).last_hidden_state
+    hidden = _encode(vt, embeds, None, position_ids, layers)
     pooled = pool_batched(hidden, position_ids, None, output_length, k, vt.pooler.root_hidden_size)
     return _finish(vt, pooled, embeds.dtype)
