@@ -1,5 +1,6 @@
 """GEMMA4_ENGINE_TORCH_THREADS: parsed with the other settings; torch's intra-op thread count set
-once, at model construction, in the process that runs the model, and never on a CPU platform."""
+once, at model construction, in the process that runs the model (auto: 1 where vLLM does not set
+it itself), and never on a CPU platform."""
 
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ def other_count() -> int:
 
 
 # -- settings -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("raw", "want"), [(None, 0), ("", 0), ("  ", 0), ("0", 0), ("4", 4)])
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [(None, None), ("", None), ("  ", None), ("auto", None), ("AUTO", None), ("off", 0),
+     ("0", 0), ("4", 4)],
+)  # fmt: skip
 def test_setting_parses(monkeypatch, raw, want):
     if raw is None:
         monkeypatch.delenv(ENV, raising=False)
@@ -42,8 +47,8 @@ def test_setting_parses(monkeypatch, raw, want):
     assert Settings.from_env().engine_torch_threads == want
 
 
-def test_setting_defaults_to_leave_vllms_choice():
-    assert Settings().engine_torch_threads == 0
+def test_setting_defaults_to_auto():
+    assert Settings().engine_torch_threads is None
 
 
 @pytest.mark.parametrize("raw", ["four", "-1", "2.5", "1e3"])
@@ -86,6 +91,42 @@ def test_zero_leaves_threads_alone_silently(caplog, on_cpu):
     assert not [r for r in caplog.records if ENV in r.getMessage()]
 
 
+def test_auto_sets_one_thread_where_vllm_does_not(monkeypatch, caplog):
+    monkeypatch.setattr(engine_threads, "vllm_sets_threads_itself", lambda: False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert set_engine_torch_threads(None, on_cpu_platform=False) is True
+    assert torch.get_num_threads() == 1
+    assert any("2 -> 1" in r.getMessage() and "auto" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("omp", "vllm_does_it"), [("3", False), (None, True)])
+def test_auto_leaves_threads_to_omp_num_threads_or_to_vllm(monkeypatch, omp, vllm_does_it):
+    monkeypatch.setattr(engine_threads, "vllm_sets_threads_itself", lambda: vllm_does_it)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    torch.set_num_threads(2)
+    assert set_engine_torch_threads(None, on_cpu_platform=False) is False
+    assert torch.get_num_threads() == 2
+
+
+def test_auto_is_silent_on_cpu(monkeypatch, caplog):
+    monkeypatch.setattr(engine_threads, "vllm_sets_threads_itself", lambda: False)
+    old = torch.get_num_threads()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert set_engine_torch_threads(None, on_cpu_platform=True) is False
+    assert torch.get_num_threads() == old
+    assert not [r for r in caplog.records if ENV in r.getMessage()]
+
+
+def test_this_vllm_sets_its_serving_threads_itself():
+    # vLLM 0.32 (here) has set_torch_threads_for_runtime; 0.20-0.26 do not (read in their wheels).
+    assert engine_threads.vllm_sets_threads_itself()
+
+
 # -- called from the model class's constructor ---------------------------------------------------
 def construct_plugin_model(monkeypatch):
     """The plugin's model class built through its own __init__, upstream's replaced by a stub
@@ -116,9 +157,12 @@ def test_model_construction_applies_the_setting(monkeypatch, on_cpu):
     assert model._g4 is not None  # the encoder runtime is unaffected
 
 
-def test_model_construction_without_the_setting_leaves_threads(monkeypatch):
+@pytest.mark.parametrize("vllm_does_it", [True, False])
+def test_model_construction_with_auto(monkeypatch, vllm_does_it):
     monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(vllm_model.current_platform, "is_cpu", lambda: False)
-    old = torch.get_num_threads()
+    monkeypatch.setattr(engine_threads, "vllm_sets_threads_itself", lambda: vllm_does_it)
+    torch.set_num_threads(2)
     construct_plugin_model(monkeypatch)
-    assert torch.get_num_threads() == old
+    assert torch.get_num_threads() == (2 if vllm_does_it else 1)

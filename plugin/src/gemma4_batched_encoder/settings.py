@@ -25,6 +25,14 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
 
 
+def _threads(name: str) -> int | None:
+    """None for auto (unset, empty, "auto"), 0 for "off", else a count (`_int`)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    return 0 if raw == "off" else _int(name, 0)
+
+
 def _int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
@@ -53,9 +61,9 @@ class Settings:
     # auto = CUDA only (exact served on the H200 without a compile after start-up; on CPU
     # inductor gains little and compiles long).
     fused: Fused = "auto"
-    # torch.set_num_threads in the process that builds the model (engine_threads.py); 0 = leave
-    # vLLM's setting.
-    engine_torch_threads: int = 0
+    # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
+    # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N.
+    engine_torch_threads: int | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -75,5 +83,5 @@ class Settings:
             verify_every=_int("GEMMA4_ENCODER_VERIFY_EVERY", 0),
             compile_fast=_flag("GEMMA4_ENCODER_COMPILE", False),
             fused=fused,  # type: ignore[arg-type]
-            engine_torch_threads=_int("GEMMA4_ENGINE_TORCH_THREADS", 0),
+            engine_torch_threads=_threads("GEMMA4_ENGINE_TORCH_THREADS"),
         )
