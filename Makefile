@@ -63,6 +63,10 @@ up: venv tools ## vLLM + Prometheus until Ctrl-C
 bench: venv ## encoder benchmark on this machine: serial vs upstream-style vs plugin, side by side
 	$(PY) -m gemma4_batched_encoder.bench --preset tiny --device cpu
 
+.PHONY: bench-media
+bench-media: venv ## media preprocessing per stage: stock processor vs fast path vs uint8, side by side
+	$(PY) bench/media_stages.py --reps 15 --burst 8
+
 .PHONY: image
 image: ## build the container images with docker or buildah (images/build.sh)
 	images/build.sh
