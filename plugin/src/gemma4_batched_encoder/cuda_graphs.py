@@ -3,7 +3,10 @@
 A replay runs the kernels recorded at capture, so bits match the eager pass with the same
 shapes; what graphs remove is launch overhead (~100 small kernels per layer). Batch sizes are
 rounded up to a bucket (2^i or 3*2^i); the extra rows repeat the last real item and are dropped.
-Any capture error disables that key and the caller runs eagerly.
+The graphs of one input shape read their inputs from views of one static buffer (the largest
+bucket's; calls are sequential on one stream, and each copies its inputs in before its replay),
+so the buffers cost one batch, not one per bucket. Any capture error disables that key and the
+caller runs eagerly.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class CudaGraphRunner:
         self.max_items = max_items
         self._graphs: dict[tuple, _Captured] = {}
         self._failed: set[tuple] = set()
+        # Static inputs per (key, item shape, dtypes, device): [rows, ...] pixel values and ids.
+        self._inputs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pool = None
 
     @property
@@ -63,8 +68,9 @@ class CudaGraphRunner:
             return None
         captured = self._graphs.get(full_key)
         if captured is None:
+            shape_key = full_key[: len(key)] + full_key[len(key) + 1 :]
             try:
-                captured = self._capture(fn, pixel_values, position_ids, size)
+                captured = self._capture(fn, pixel_values, position_ids, size, shape_key)
             except Exception:
                 logger.warning(
                     "CUDA graph capture failed for %s; running eagerly", full_key, exc_info=True
@@ -82,13 +88,33 @@ class CudaGraphRunner:
         # The static output is overwritten by the next replay.
         return captured.output[:n].clone()
 
+    def _static_inputs(
+        self, shape_key: tuple, pixel_values: torch.Tensor, position_ids: torch.Tensor, size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[size, ...] views of this shape's shared input buffers (a larger buffer replaces the
+        entry; graphs captured on the old one keep it alive)."""
+        buffers = self._inputs.get(shape_key)
+        if buffers is None or buffers[0].shape[0] < size:
+            buffers = (
+                pixel_values.new_empty((size, *pixel_values.shape[1:])),
+                position_ids.new_empty((size, *position_ids.shape[1:])),
+            )
+            self._inputs[shape_key] = buffers
+        return buffers[0][:size], buffers[1][:size]
+
     def _capture(
-        self, fn: ChunkFn, pixel_values: torch.Tensor, position_ids: torch.Tensor, size: int
+        self,
+        fn: ChunkFn,
+        pixel_values: torch.Tensor,
+        position_ids: torch.Tensor,
+        size: int,
+        shape_key: tuple,
     ) -> _Captured:
         n = pixel_values.shape[0]
         reps = [min(i, n - 1) for i in range(size)]
-        static_pv = pixel_values[reps].clone()
-        static_pp = position_ids[reps].clone()
+        static_pv, static_pp = self._static_inputs(shape_key, pixel_values, position_ids, size)
+        static_pv.copy_(pixel_values[reps])
+        static_pp.copy_(position_ids[reps])
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         # Warm up on a side stream (cuBLAS handles, autotuning) as torch.cuda.graphs recommends.

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 from torch import nn
 
 from .chunk import PoolerImpl, exact_chunk, fast_chunk
-from .cuda_graphs import CudaGraphRunner
+from .cuda_graphs import CudaGraphRunner, bucket_size
 from .fused import FusedLayers
 from .inputs import Item, PixelInput, build_items, bytes_per_item, chunks, group_items
 from .log import logger
@@ -39,6 +40,7 @@ class BatchedVisionEncoder:
         self._fused: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
         self._fused_layers: FusedLayers | None = None  # compiled once per tower
         # Fast mode's compiled layers per (device, dtype); None = eager (off, or it failed).
+        self._warmed: set[tuple[torch.device, torch.dtype]] = set()
         self._fast_layers: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
@@ -182,18 +184,76 @@ class BatchedVisionEncoder:
             self._fast_layers[(pv.device, pv.dtype)] = None
             return self._fast(pv, pp)
 
-    def _exact(self, pv: torch.Tensor, pp: torch.Tensor, has_padding: bool) -> torch.Tensor:
-        impl = self.pooler_impl(pv.device, pv.dtype)
-        layers = self.fused_layers(pv.device, pv.dtype)
+    def _exact_pass(
+        self, device: torch.device, dtype: torch.dtype, has_padding: bool
+    ) -> tuple[tuple, Callable[[torch.Tensor, torch.Tensor], torch.Tensor], bool]:
+        """(graph key, the pass, whether it runs fused layers) for this device, dtype, padding."""
+        impl = self.pooler_impl(device, dtype)
+        layers = self.fused_layers(device, dtype)
         fn = partial(exact_chunk, self.vt, has_padding=has_padding, pooler=impl, layers=layers)
+        return ("exact", has_padding, impl, layers is not None), fn, layers is not None
+
+    def _warm_graphs(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Capture exact mode's graphs for the ``warmup_tokens`` budgets now, every batch bucket
+        the memory budget allows, padded and not: a first capture of a fused bucket while
+        serving took seconds on the H200 (kernels built for the new size), stalling the step."""
+        key = (device, dtype)
+        if key in self._warmed or not self.settings.warmup_tokens:
+            return
+        self._warmed.add(key)  # once, also when it fails
+        start, captured = time.perf_counter(), 0
+        k = self.vt.config.pooling_kernel_size
+        patch_dim = 3 * self.vt.config.patch_size**2
+        try:
+            for tokens in self.settings.warmup_tokens:
+                patches = tokens * k * k
+                per_pass = max(1, self.settings.max_batch_bytes // self._item_bytes(patches, dtype))
+                # The buckets a pass of up to per_pass items replays from; largest first, so the
+                # shared input buffer is allocated once (cuda_graphs.py).
+                cap = self.settings.cuda_graph_max_items
+                buckets = {bucket_size(n) for n in range(1, min(per_pass, cap) + 1)}
+                buckets = sorted((b for b in buckets if b <= cap), reverse=True)
+                if not buckets:
+                    continue
+                most = buckets[0]
+                for has_padding in (False, True):
+                    # A k-row strip of whole pooling bins: all patches valid, or one bin column
+                    # short (padding); the values do not matter to a capture.
+                    cols = tokens * k - (k if has_padding else 0)
+                    if cols <= 0:
+                        continue
+                    ys, xs = torch.meshgrid(torch.arange(k), torch.arange(cols), indexing="ij")
+                    pp = torch.full((most, patches, 2), -1, dtype=torch.long)
+                    pp[:, : k * cols] = torch.stack([xs.reshape(-1), ys.reshape(-1)], -1)
+                    pp = pp.to(device)
+                    pv = torch.zeros(most, patches, patch_dim, dtype=dtype, device=device)
+                    graph_key, fn, _ = self._exact_pass(device, dtype, has_padding)
+                    for b in buckets:
+                        captured += self.graphs.run(graph_key, fn, pv[:b], pp[:b]) is not None
+        except Exception:
+            logger.warning("encoder CUDA-graph warm-up stopped early", exc_info=True)
+        logger.info(
+            "exact mode on %s/%s: %d encoder CUDA graphs captured at start-up for %s soft tokens "
+            "in %.1f s",
+            device,
+            dtype,
+            captured,
+            ",".join(map(str, self.settings.warmup_tokens)),
+            time.perf_counter() - start,
+        )
+
+    def _exact(self, pv: torch.Tensor, pp: torch.Tensor, has_padding: bool) -> torch.Tensor:
+        graphs = self.graphs_active(pv.device)
+        if graphs:
+            self._warm_graphs(pv.device, pv.dtype)
+        key, fn, fused = self._exact_pass(pv.device, pv.dtype, has_padding)
         try:
             pooled = None
-            if self.graphs_active(pv.device):
-                key = ("exact", has_padding, impl, layers is not None)
+            if graphs:
                 pooled = self.graphs.run(key, fn, pv, pp)
             return pooled if pooled is not None else fn(pv, pp)
         except Exception:
-            if layers is None:
+            if not fused:
                 raise
             self._disable_fused(pv.device, pv.dtype)
             return self._exact(pv, pp, has_padding)

@@ -25,6 +25,22 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
 
 
+def _ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A comma list of positive integers (unset: `default`; "" or "off": none)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw.strip().lower() == "off":
+        return ()
+    try:
+        values = tuple(int(v) for v in raw.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected positive integers, comma separated") from None
+    if any(v <= 0 for v in values):
+        raise ValueError(f"{name}={raw!r}: expected positive integers, comma separated")
+    return values
+
+
 def _threads(name: str) -> int | None:
     """None for auto (unset, empty, "auto"), 0 for "off", else a count (`_int`)."""
     raw = os.environ.get(name, "").strip().lower()
@@ -64,6 +80,10 @@ class Settings:
     # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
     # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N.
     engine_torch_threads: int | None = None
+    # Soft-token budgets whose CUDA graphs exact mode captures at its first call (the profile
+    # run), every batch bucket, padded and not (encoder.py `_warm_graphs`); () = capture lazily.
+    # 70: Gemma 4's video frames.
+    warmup_tokens: tuple[int, ...] = (70,)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -84,4 +104,5 @@ class Settings:
             compile_fast=_flag("GEMMA4_ENCODER_COMPILE", False),
             fused=fused,  # type: ignore[arg-type]
             engine_torch_threads=_threads("GEMMA4_ENGINE_TORCH_THREADS"),
+            warmup_tokens=_ints("GEMMA4_ENCODER_WARMUP_TOKENS", cls.warmup_tokens),
         )
