@@ -39,8 +39,8 @@ class BatchedVisionEncoder:
         self._poolers: dict[tuple[torch.device, torch.dtype], PoolerImpl] = {}
         self._fused: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
         self._fused_layers: FusedLayers | None = None  # compiled once per tower
+        self._warmed: set[tuple[torch.device, torch.dtype]] = set()  # graphs captured at start-up
         # Fast mode's compiled layers per (device, dtype); None = eager (off, or it failed).
-        self._warmed: set[tuple[torch.device, torch.dtype]] = set()
         self._fast_layers: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
