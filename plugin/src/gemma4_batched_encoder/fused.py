@@ -1,4 +1,4 @@
-"""Exact mode's fused encoder layers: inductor fuses the elementwise work and keeps the bits.
+"""Fused encoder layers: inductor fuses the elementwise work; in exact mode it keeps the bits.
 
 At scale the stock tower is bound by unfused elementwise work (fp32 norms, rotary, gelu,
 residuals), not by its GEMMs. Each encoder layer is compiled by inductor, with what inductor
@@ -18,6 +18,9 @@ unfused path. On by default for CUDA (``GEMMA4_ENCODER_FUSED=auto``): served on 
 version compiled nothing after start-up (``TORCH_LOGS=recompiles``), where the first build (one
 compile per layer) had compiled while serving and its p95 at 35 video req/s was 1033 ms (unfused
 222; bench/results/h200/vllm-0.20.0-8api*/NOTES.md).
+
+Fast mode (``FusedLayers(vt, exact=False)``) runs the same shared layer call compiled plainly:
+no cast emulation, the norms fused, no bit check (not yet measured on the H200).
 """
 
 from __future__ import annotations
