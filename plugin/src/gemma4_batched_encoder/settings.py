@@ -13,16 +13,20 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def parse_switch(raw: str) -> bool | None:
+    """1/true/yes/on -> True, 0/false/no/off/"" -> False, anything else None."""
+    value = raw.strip().lower()
+    return True if value in _TRUE else False if value in _FALSE else None
+
+
 def _flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:
         return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+    value = parse_switch(raw)
+    if value is None:
+        raise ValueError(f"{name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+    return value
 
 
 def _ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:

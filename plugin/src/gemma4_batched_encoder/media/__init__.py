@@ -44,7 +44,6 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,7 +52,7 @@ from typing import Any
 
 from ..vllm_modules import VIDEO_IO_MODULES, first_attr
 from . import decode, frame_call, frames, source_key, stages
-from .env import ENV_UINT8, thread_count, uint8_requested
+from .env import ENV_UINT8, switch, thread_count, uint8_requested
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
@@ -72,12 +71,7 @@ _local = threading.local()
 
 def fast_path_requested() -> bool:
     """`GEMMA4_MEDIA_FAST_PATH`: 1 (default) or 0."""
-    value = os.environ.get(ENV_FAST_PATH, "1").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value not in ("1", "true", "yes", "on", ""):
-        logger.warning("gemma4 media: %s=%r is not 0/1; using 1", ENV_FAST_PATH, value)
-    return True
+    return switch(ENV_FAST_PATH, True)
 
 
 def media_torch_threads() -> int:

@@ -23,16 +23,25 @@ def thread_count(name: str, default: int = 1) -> int:
 
 
 ENV_UINT8 = "GEMMA4_MEDIA_UINT8"
-_ON = ("1", "true", "yes", "on")
-_OFF = ("0", "false", "no", "off", "")
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off variable read as the settings read theirs (1/0/true/false/yes/no/on/off); unset
+    or empty: `default`. Anything else: a warning and `default` (media switches are read in the
+    API servers, which should not fail to start over a typo)."""
+    from ..settings import parse_switch
+
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    value = parse_switch(raw)
+    if value is None:
+        logger.warning("gemma4 media: %s=%r is not on/off; using %s", name, raw, default)
+        return default
+    return value
 
 
 def uint8_requested() -> bool:
-    """`GEMMA4_MEDIA_UINT8`: on|off (default off; 1/0/yes/no/true/false too), with a warning
-    when it is neither. Read by the API server (emit uint8) and the engine (batch guard)."""
-    value = os.environ.get(ENV_UINT8, "off").strip().lower()
-    if value in _ON:
-        return True
-    if value not in _OFF:
-        logger.warning("gemma4 media: %s=%r is not on/off; using off", ENV_UINT8, value)
-    return False
+    """`GEMMA4_MEDIA_UINT8` (default off). Read by the API server (emit uint8) and the engine
+    (batch guard)."""
+    return switch(ENV_UINT8, False)
