@@ -201,9 +201,12 @@ class BatchedVisionEncoder:
         if key in self._warmed or not self.settings.warmup_tokens:
             return
         self._warmed.add(key)  # once, also when it fails
+        from .synthetic import patchify
+
         start, captured = time.perf_counter(), 0
         k = self.vt.config.pooling_kernel_size
         patch_dim = 3 * self.vt.config.patch_size**2
+        gen = torch.Generator().manual_seed(0)
         try:
             for tokens in self.settings.warmup_tokens:
                 patches = tokens * k * k
@@ -222,11 +225,9 @@ class BatchedVisionEncoder:
                     cols = tokens * k - (k if has_padding else 0)
                     if cols <= 0:
                         continue
-                    ys, xs = torch.meshgrid(torch.arange(k), torch.arange(cols), indexing="ij")
-                    pp = torch.full((most, patches, 2), -1, dtype=torch.long)
-                    pp[:, : k * cols] = torch.stack([xs.reshape(-1), ys.reshape(-1)], -1)
-                    pp = pp.to(device)
-                    pv = torch.zeros(most, patches, patch_dim, dtype=dtype, device=device)
+                    pv, pp = patchify((k, cols), tokens, patch_dim, k, gen)
+                    pv = pv.to(device, dtype).expand(most, -1, -1)
+                    pp = pp.to(device).expand(most, -1, -1)
                     graph_key, fn, _ = self._exact_pass(device, dtype, has_padding)
                     for b in buckets:
                         captured += self.graphs.run(graph_key, fn, pv[:b], pp[:b]) is not None
