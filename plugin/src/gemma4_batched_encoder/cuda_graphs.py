@@ -56,19 +56,18 @@ class CudaGraphRunner:
         size = bucket_size(n)
         if size > self.max_items or not pixel_values.is_cuda:
             return None
-        full_key = (
+        shape_key = (
             *key,
-            size,
             tuple(pixel_values.shape[1:]),
             pixel_values.dtype,
             position_ids.dtype,
             pixel_values.device,
         )
+        full_key = (*shape_key, size)
         if full_key in self._failed:
             return None
         captured = self._graphs.get(full_key)
         if captured is None:
-            shape_key = full_key[: len(key)] + full_key[len(key) + 1 :]
             try:
                 captured = self._capture(fn, pixel_values, position_ids, size, shape_key)
             except Exception:
