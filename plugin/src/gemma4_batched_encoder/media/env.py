@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ..settings import parse_switch
+
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
 
@@ -29,8 +31,6 @@ def switch(name: str, default: bool) -> bool:
     """An on/off variable read as the settings read theirs (1/0/true/false/yes/no/on/off); unset
     or empty: `default`. Anything else: a warning and `default` (media switches are read in the
     API servers, which should not fail to start over a typo)."""
-    from ..settings import parse_switch
-
     raw = os.environ.get(name, "")
     if not raw.strip():
         return default
