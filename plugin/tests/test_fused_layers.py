@@ -40,6 +40,30 @@ def test_fused_exact_is_bit_identical_to_the_per_item_tower():
     )
 
 
+def test_a_mask_built_for_no_padding_inside_a_capture_does_not_reach_the_fused_layers(monkeypatch):
+    # transformers 5.17 builds an all-true mask for "no mask" while a CUDA stream captures; the
+    # compiled layers then recompiled inside every unpadded capture, which failed them all on the
+    # H200. CUDA graphs cannot run here, so the capture's mask step is reproduced: the skip that
+    # 5.17 refuses while capturing is refused here too, after the layers were built.
+    import transformers.masking_utils as masking
+
+    tower = H.tower(torch.bfloat16, seed=8)
+    enc = BatchedVisionEncoder(tower, FUSED)
+    pvs, pps = H.batch(COMPOSITIONS["frames_without_padding"], torch.bfloat16, seed=8)
+    want = serial_per_item(tower, pvs, pps)
+    assert_identical(enc.encode(pvs, pps), want)  # eagerly: compiles what serving needs
+    graphs = counters["stats"]["unique_graphs"]
+    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: False)
+    assert (
+        masking.create_bidirectional_mask(
+            config=tower.encoder.config, inputs_embeds=torch.zeros(1, 2, 1), attention_mask=None
+        )
+        is not None
+    )  # the capture's mask step, as on 5.17
+    assert_identical(enc.encode(pvs, pps), want)
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled "inside the capture"
+
+
 def test_fused_is_auto_by_default_and_auto_means_cuda_only(monkeypatch):
     tower = H.tower(torch.bfloat16)
     cpu = torch.device("cpu")

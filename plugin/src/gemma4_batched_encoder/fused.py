@@ -90,15 +90,30 @@ class FusedLayers:
                     if _is_rms_norm(module):
                         module._norm = MethodType(_norm_eager_reduction, module)
         self.layers = layers
+        # What the encoder's mask step makes of no mask, eagerly (sdpa: still none). Asked once
+        # here, outside any capture: transformers 5.17 builds an all-true [B, 1, L, L] mask
+        # instead while a CUDA stream captures (its `is_tracing(None)` counts capturing), which
+        # the compiled layers had never seen, so every capture of an unpadded batch recompiled
+        # inside the capture and failed (H200, 2026-11-30). 5.19 skips it there too.
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        self._no_mask_stays_none = not capturing and (
+            create_bidirectional_mask(
+                config=encoder.config, inputs_embeds=torch.zeros(1, 2, 1), attention_mask=None
+            )
+            is None
+        )
 
     def hidden(
         self, inputs_embeds: Tensor, attention_mask: object, pixel_position_ids: Tensor
     ) -> Tensor:
         """``vt.encoder(...).last_hidden_state`` with the compiled layers (same steps)."""
         encoder = self.encoder
-        mask = create_bidirectional_mask(
-            config=encoder.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
-        )
+        if attention_mask is None and self._no_mask_stays_none:
+            mask = None  # as eagerly, also inside a capture (see __init__)
+        else:
+            mask = create_bidirectional_mask(
+                config=encoder.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+            )
         hidden_states = inputs_embeds
         position_embeddings = encoder.rotary_emb(hidden_states, pixel_position_ids)
         call = _compiled_layer_call(self.exact)
