@@ -11,6 +11,7 @@ caller runs eagerly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ class CudaGraphRunner:
         # Static inputs per (key, item shape, dtypes, device): [rows, ...] pixel values and ids.
         self._inputs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pool = None
+        self._stream: torch.cuda.Stream | None = None  # warm-up and capture stream
 
     @property
     def num_graphs(self) -> int:
@@ -75,6 +77,7 @@ class CudaGraphRunner:
                     "CUDA graph capture failed for %s; running eagerly", full_key, exc_info=True
                 )
                 self._failed.add(full_key)
+                self._abandon_pool(pixel_values.device)
                 torch.cuda.synchronize()
                 return None
             self._graphs[full_key] = captured
@@ -116,13 +119,29 @@ class CudaGraphRunner:
         static_pp.copy_(position_ids[reps])
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        # Warm up on a side stream (cuBLAS handles, autotuning) as torch.cuda.graphs recommends.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        # Warm up (cuBLAS handles, autotuning, any compile) on the very stream the capture uses,
+        # as torch.cuda.graphs recommends: nothing may compile or allocate afresh inside capture.
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
             fn(static_pv, static_pp)
-        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream().wait_stream(self._stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(
+            graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
+        ):
             output = fn(static_pv, static_pp)
         return _Captured(graph, static_pv, static_pp, output)
+
+    def _abandon_pool(self, device: torch.device) -> None:
+        """After a failed capture: the caching allocator may still route to the pool that capture
+        opened, and capturing into it again fails ("already recording to mempool_id", then an
+        internal assert) for every later key (H200, 2026-11-30). Close it where this torch can;
+        later captures take a fresh pool (graphs captured earlier keep theirs alive)."""
+        pool, self._pool = self._pool, None
+        end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+        if pool is not None and end is not None:
+            # Already closed, or another signature: the fresh pool suffices.
+            with contextlib.suppress(Exception):
+                end(device.index if device.index is not None else torch.cuda.current_device(), pool)
