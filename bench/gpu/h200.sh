@@ -170,7 +170,10 @@ measure)
   if [[ -d "$OUT/sweep-$name/steps" ]]; then
     tar -czf "$OUT/sweep-$name/steps.tgz" -C "$OUT/sweep-$name" steps && rm -rf "$OUT/sweep-$name/steps"
   fi
-  grep -E "ERROR|Traceback|gemma4_batched_encoder" "/tmp/vllm-$name.log" | head -20 >"$OUT/$name-log-excerpt.txt" || true
+  # The plugin's own lines (not the per-process registration ones, which fill the first screen
+  # with 8 API servers), vLLM's start-up milestones and any error.
+  grep -E "ERROR|Traceback|gemma4_batched_encoder|exact mode|fast mode|fused|Graph capturing|KV cache size|init engine" \
+    "/tmp/vllm-$name.log" | grep -v "registered" | head -40 >"$OUT/$name-log-excerpt.txt" || true
   save_metrics "$port" "$OUT/$name-metrics.txt"
   ;;
 profile)
