@@ -12,6 +12,10 @@ vLLM does not: at the construction of the plugin's model class, i.e. in the engi
 or the workers (several; vLLM 0.20 sets ``OMP_NUM_THREADS=1`` there already) and before anything
 is compiled (dynamo guards on the thread count). API servers only resolve the model class (for
 its processor) and never construct it.
+
+Off by default since the eighth H200 sitting: served with ``auto`` (one engine thread), 35 video
+req/s failed (median ITL 22 ms, p95 824 ms) where the seventh sitting's otherwise equal server
+passed (9.7 / 241 ms); one run each, so ``auto`` stays an option to measure again.
 """
 
 from __future__ import annotations

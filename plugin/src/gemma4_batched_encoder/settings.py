@@ -46,11 +46,11 @@ def _ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _threads(name: str) -> int | None:
-    """None for auto (unset, empty, "auto"), 0 for "off", else a count (`_int`)."""
+    """None for "auto", 0 for "off" (also unset or empty), else a count (`_int`)."""
     raw = os.environ.get(name, "").strip().lower()
-    if raw in ("", "auto"):
+    if raw == "auto":
         return None
-    return 0 if raw == "off" else _int(name, 0)
+    return 0 if raw in ("", "off") else _int(name, 0)
 
 
 def _int(name: str, default: int) -> int:
@@ -82,8 +82,11 @@ class Settings:
     # inductor gains little and compiles long).
     fused: Fused = "auto"
     # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
-    # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N.
-    engine_torch_threads: int | None = None
+    # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N. Off by
+    # default: on the H200 (vLLM 0.20.0, eighth sitting) `auto` served 35 video req/s with a
+    # median ITL of 22 ms and p95 824 ms, where the seventh sitting's otherwise equal server
+    # (OpenMP left at 16 threads) passed with 9.7 / 241 ms.
+    engine_torch_threads: int | None = 0
     # Soft-token budgets whose CUDA graphs exact mode captures at its first call (the profile
     # run), every batch bucket, padded and not (encoder.py `_warm_graphs`); () = capture lazily.
     # 70: Gemma 4's video frames.
