@@ -11,6 +11,7 @@ from dataclasses import replace
 import g4helpers as H
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from gemma4_batched_encoder.cuda_graphs import CudaGraphRunner, bucket_size
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
@@ -75,6 +76,41 @@ def test_real_requests_reuse_the_warmed_keys(monkeypatch):
         enc._exact(torch.stack(pvs), torch.stack(pps), has_padding=grid != (2 * k, 2 * k))
     assert [(key[1], b) for key, b, _, _ in runner.calls] == [(True, 6), (False, 3)]
     assert all((key, b) in warmed for key, b, _, _ in runner.calls)
+
+
+class CaptureEmulatingRunner(RecordingRunner):
+    """Runs fn as `CudaGraphRunner._capture` does: once as the warm-up, then again as if a CUDA
+    stream were capturing (`torch.cuda.is_current_stream_capturing()` true, which transformers'
+    mask code consults), counting what dynamo compiles inside that "capture": on the H200 a
+    compile there failed every capture of the fused layers (transformers 5.17's capture-time mask
+    for no padding; `test_fused_layers` reproduces that version's mask step)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__()
+        self.monkeypatch = monkeypatch
+        self.compiled_in_capture = 0
+
+    def run(self, key, fn, pixel_values, position_ids):
+        warm = super().run(key, fn, pixel_values, position_ids)
+        before = counters["stats"]["unique_graphs"]
+        with self.monkeypatch.context() as m:
+            m.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+            out = fn(pixel_values, position_ids)
+        self.compiled_in_capture += counters["stats"]["unique_graphs"] - before
+        assert torch.equal(out, warm)
+        return out
+
+
+def test_fused_warm_up_compiles_nothing_inside_a_capture(monkeypatch, caplog):
+    bf16 = torch.bfloat16  # the dtype exact mode's fused layers serve (and self-check) in
+    settings = Settings(fused="on", warmup_tokens=(4,), cuda_graph_max_items=8)
+    enc = BatchedVisionEncoder(H.tower(bf16, seed=3), settings)
+    runner = enc.graphs = CaptureEmulatingRunner(monkeypatch)  # type: ignore[assignment]
+    with caplog.at_level(logging.INFO), torch.inference_mode():  # as `encode` calls it
+        enc._warm_graphs(CPU, bf16)
+    assert enc.fused_active(CPU, bf16)  # the buckets ran the fused layers
+    assert "12 encoder CUDA graphs captured at start-up" in caplog.text  # padded and not
+    assert runner.compiled_in_capture == 0
 
 
 def test_no_warm_up_when_off_or_a_failure_only_logs(monkeypatch, caplog):
