@@ -14,8 +14,9 @@ is compiled (dynamo guards on the thread count). API servers only resolve the mo
 its processor) and never construct it.
 
 Off by default since the eighth H200 sitting: served with ``auto`` (one engine thread), 35 video
-req/s failed (median ITL 22 ms, p95 824 ms) where the seventh sitting's otherwise equal server
-passed (9.7 / 241 ms); one run each, so ``auto`` stays an option to measure again.
+req/s failed (median ITL 22 ms, p95 824 ms) where the seventh sitting's server (16 threads, no
+start-up graph warm-up yet) passed (9.7 / 241 ms); one run each, so ``auto`` stays an option to
+measure again.
 """
 
 from __future__ import annotations

@@ -84,8 +84,8 @@ class Settings:
     # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
     # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N. Off by
     # default: on the H200 (vLLM 0.20.0, eighth sitting) `auto` served 35 video req/s with a
-    # median ITL of 22 ms and p95 824 ms, where the seventh sitting's otherwise equal server
-    # (OpenMP left at 16 threads) passed with 9.7 / 241 ms.
+    # median ITL of 22 ms and p95 824 ms, where the seventh sitting's server (OpenMP left at 16
+    # threads; no start-up graph warm-up yet) passed with 9.7 / 241 ms.
     engine_torch_threads: int | None = 0
     # Soft-token budgets whose CUDA graphs exact mode captures at its first call (the profile
     # run), every batch bucket, padded and not (encoder.py `_warm_graphs`); () = capture lazily.
