@@ -749,7 +749,9 @@ def encoder_dashboard() -> dict[str, Any]:
         "gemma4_encoder_info (=1) per pod: mode (exact = bit-identical batched, fast, "
         "stock = plugin off), whether encoder CUDA graphs are on, vLLM and plugin "
         "versions; 'fused layers' = gemma4_encoder_fused_layers (1: exact mode runs the "
-        "opt-in inductor-fused layers, GEMMA4_ENCODER_FUSED). A pod missing here does not "
+        "inductor-fused layers, GEMMA4_ENCODER_FUSED); 'graphs captured' / 'graphs failed' = "
+        "gemma4_encoder_cuda_graphs (a failed capture's batch shape runs eagerly: slower, "
+        "same outputs; alert Gemma4EncoderGraphCaptureFailed). A pod missing here does not "
         "run the plugin.",
         [
             (
@@ -758,8 +760,15 @@ def encoder_dashboard() -> dict[str, Any]:
                 "",
             ),
             (f"max by (pod) (gemma4_encoder_fused_layers{{{p}}})", ""),
+            (f'max by (pod) (gemma4_encoder_cuda_graphs{{{p}, state="captured"}})', ""),
+            (f'max by (pod) (gemma4_encoder_cuda_graphs{{{p}, state="failed"}})', ""),
         ],
-        rename={"Value #A": "in force", "Value #B": "fused layers"},
+        rename={
+            "Value #A": "in force",
+            "Value #B": "fused layers",
+            "Value #C": "graphs captured",
+            "Value #D": "graphs failed",
+        },
     )
     b.add(in_force, w=24, h=6)
     b.row("Encoder time")
@@ -1171,6 +1180,19 @@ def serving_alerts() -> dict[str, Any]:
                 "{{ $value | humanize }} shadow-verification mismatches in 10 minutes: "
                 "exact mode is no longer bit-identical to vLLM's encoder.",
                 "runbook_url": runbook("Gemma4EncoderVerifyMismatch"),
+            },
+        },
+        {
+            "alert": "Gemma4EncoderGraphCaptureFailed",
+            "expr": 'max by (namespace, pod) (gemma4_encoder_cuda_graphs{state="failed"}) > 0\n',
+            "for": "15m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "Some Gemma 4 encoder CUDA graphs failed to capture.",
+                "description": "{{ $labels.pod }} in {{ $labels.namespace }} could not capture "
+                "{{ $value | humanize }} encoder CUDA graphs: batches of those shapes run "
+                "eagerly (same outputs, slower encoder and TTFT).",
+                "runbook_url": runbook("Gemma4EncoderGraphCaptureFailed"),
             },
         },
         {

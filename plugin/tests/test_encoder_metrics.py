@@ -28,6 +28,9 @@ pvs, pps = S.make_batch([S.Media("frame", (21, 27), 70)] * 2, 768, 3)
 rt.begin_call(frames=2, images=0)
 rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
 rt.end_call()
+# CUDA graphs cannot be captured on a CPU: a stand-in runner reports what a GPU's would.
+from types import SimpleNamespace
+rt.encoder.graphs = SimpleNamespace(num_graphs=3, num_failed=1)
 rt.begin_call(frames=0, images=1)
 rt.run(lambda a: 1 / 0, lambda a: [], None)
 rt.end_call()
@@ -79,3 +82,9 @@ def test_calls_items_seconds_fallbacks(exposition):
     assert "gemma4_encoder_verify_checks_total" in exposition
     assert "gemma4_encoder_verify_mismatches_total" in exposition
     assert sample(exposition, "gemma4_encoder_fused_layers") == 0  # auto: CUDA only
+
+
+def test_cuda_graph_counts(exposition):
+    assert "# TYPE gemma4_encoder_cuda_graphs gauge" in exposition
+    assert sample(exposition, "gemma4_encoder_cuda_graphs", state="captured") == 3
+    assert sample(exposition, "gemma4_encoder_cuda_graphs", state="failed") == 1

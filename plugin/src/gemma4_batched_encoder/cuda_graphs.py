@@ -50,6 +50,11 @@ class CudaGraphRunner:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
+    @property
+    def num_failed(self) -> int:
+        """Keys whose capture failed (they run eagerly from then on)."""
+        return len(self._failed)
+
     def run(
         self, key: tuple, fn: ChunkFn, pixel_values: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor | None:

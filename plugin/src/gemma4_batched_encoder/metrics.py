@@ -44,6 +44,7 @@ class EncoderMetrics:
     verify_checks: Any
     verify_mismatches: Any
     fused_layers: Any
+    cuda_graphs: Any
 
 
 _lock = threading.Lock()
@@ -99,8 +100,17 @@ def get_metrics() -> EncoderMetrics:
                     "(GEMMA4_ENCODER_FUSED, after its start-up self-check), else 0.",
                     multiprocess_mode="max",
                 ),
+                cuda_graphs=Gauge(
+                    "gemma4_encoder_cuda_graphs",
+                    "Encoder CUDA graphs in this process by state: captured, or failed (that "
+                    "batch shape runs eagerly from then on; the log says why).",
+                    ["state"],
+                    multiprocess_mode="max",
+                ),
             )
             _metrics.fused_layers.set(0)
+            for state in ("captured", "failed"):
+                _metrics.cuda_graphs.labels(state=state).set(0)
             # Export the zero series up front so dashboards see them before the first event.
             for path in ("plugin", "stock"):
                 _metrics.calls.labels(path=path)

@@ -47,6 +47,7 @@ class EncoderRuntime:
         self._logged: set[str] = set()
         self._call_path: str | None = None
         self._fused_reported: bool | None = None  # written at the first call, then on change
+        self._graphs_reported = (0, 0)  # (captured, failed), as the gauges' initial zeros
         set_info(
             mode=settings.mode if self.active else "stock",
             cuda_graphs=self.active and self.encoder.graphs_active(self._device),
@@ -76,6 +77,12 @@ class EncoderRuntime:
             if fused != self._fused_reported:  # decided at the first call; no write per call
                 self._fused_reported = fused
                 self.metrics.fused_layers.set(1 if fused else 0)
+            graphs = self.encoder.graphs
+            counts = (graphs.num_graphs, graphs.num_failed)
+            if counts != self._graphs_reported:  # captures happen at first use of a shape
+                self._graphs_reported = counts
+                self.metrics.cuda_graphs.labels(state="captured").set(counts[0])
+                self.metrics.cuda_graphs.labels(state="failed").set(counts[1])
         except Exception:
             self._log_once("metrics", "recording metrics failed")
 
