@@ -147,3 +147,71 @@ def test_self_check_runs_the_fast_path_by_default(monkeypatch: pytest.MonkeyPatc
     assert fast_processor.self_check(STOCK)
     monkeypatch.setattr(fast_processor, "preprocess_uint8", off)
     assert not fast_processor.self_check(STOCK)
+
+
+@pytest.fixture
+def frame_threads(monkeypatch: pytest.MonkeyPatch):
+    """Set GEMMA4_MEDIA_FRAME_THREADS's effect for one test; record which threads did the work."""
+    import threading
+
+    workers: list[str] = []
+    real = fast_processor._process_rows
+
+    def recording(*args, **kwargs):
+        workers.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_processor, "_process_rows", recording)
+    before = fast_processor.frame_threads()
+
+    def use(threads: int) -> list[str]:
+        fast_processor.set_frame_threads(threads)
+        workers.clear()
+        return workers
+
+    yield use
+    fast_processor.set_frame_threads(before)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_frame_threads_split_the_frames_and_keep_the_tensors(frame_threads, threads: int) -> None:
+    rng = np.random.default_rng(threads)
+    video = textured(rng, 480, 854)
+    clip = [np.roll(video, 5 * i, axis=0) for i in range(7)]  # 7 frames: uneven chunks
+    images = [*clip, textured(rng, 720, 1280), textured(rng, 720, 1280), textured(rng, 50, 60)]
+    workers = frame_threads(threads)
+    assert_same(images, 70)
+    pool = [name for name in workers if name.startswith("gemma4-frames")]
+    assert pool, workers  # the frames really went to other threads
+    # One chunk per thread for the 7 frames, and the calling thread always takes one.
+    assert len(workers) == min(threads, 7) + min(threads, 2) + 1
+
+
+def test_frame_threads_keep_the_uint8_patches(frame_threads) -> None:
+    rng = np.random.default_rng(5)
+    frames = [torch.from_numpy(textured(rng, 480, 640)).permute(2, 0, 1) for _ in range(6)]
+    kwargs = dict(
+        do_resize=True,
+        resample=Gemma4ImageProcessor().resample,
+        rescale_factor=1 / 255,
+        patch_size=16,
+        max_soft_tokens=70,
+        pooling_kernel_size=3,
+        rescale=False,
+    )
+    one = fast_processor.preprocess_uint8(frames, threads=1, **kwargs)
+    three = fast_processor.preprocess_uint8(frames, threads=3, **kwargs)
+    assert one[0].dtype == three[0].dtype == torch.uint8
+    assert all(torch.equal(a, b) for a, b in zip(one[:2], three[:2], strict=True))
+    assert one[2] == three[2]
+
+
+@pytest.mark.parametrize(("raw", "want"), [(None, 1), ("3", 3), ("0", 1), ("two", 1)])
+def test_frame_threads_setting(monkeypatch: pytest.MonkeyPatch, raw: str | None, want: int) -> None:
+    from gemma4_batched_encoder import media
+
+    if raw is None:
+        monkeypatch.delenv(media.ENV_FRAME_THREADS, raising=False)
+    else:
+        monkeypatch.setenv(media.ENV_FRAME_THREADS, raw)
+    assert media.media_frame_threads() == want

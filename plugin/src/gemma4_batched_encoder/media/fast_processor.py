@@ -19,12 +19,20 @@ With the uint8 hand-off on (`GEMMA4_MEDIA_UINT8`, `..pixels`) and Gemma 4's fact
 patches are written as uint8 instead and the engine does the same multiply on the device.
 numpy work is single-threaded, so it does not contend with other processes' OpenMP threads.
 Anything unusual (normalisation on, non-uint8 input, odd channel counts) goes to the stock code.
+
+`GEMMA4_MEDIA_FRAME_THREADS` (default 1: off) splits the frames of one size across that many
+threads (the caller and a small pool; resize, patchify and rescale release the GIL), each with the
+caller's torch thread count. The resize works per plane and every frame writes its own rows, so
+the tensors are the same at any count; it shortens one video's processor call (latency), not its
+CPU time.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -83,6 +91,71 @@ def patchify_rescale_into(
     return n
 
 
+_frame_threads = 1
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def set_frame_threads(threads: int) -> None:
+    """Threads one call splits its same-size frames across (1 or less: the calling thread only)."""
+    global _frame_threads
+    _frame_threads = max(1, threads)
+
+
+def frame_threads() -> int:
+    return _frame_threads
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """The shared pool, grown to `workers` threads when a call needs more."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < workers:
+            old, _pool = _pool, ThreadPoolExecutor(workers, thread_name_prefix="gemma4-frames")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+def _chunks(rows: list[int], threads: int) -> list[list[int]]:
+    """`rows` in at most `threads` contiguous, near-equal chunks."""
+    k = max(1, min(threads, len(rows)))
+    size, extra = divmod(len(rows), k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + size + (i < extra)
+        out.append(rows[start:end])
+        start = end
+    return out
+
+
+def _with_torch_threads(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
+    # A pool thread only ever does this work, so its count need not be restored.
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return fn(*args)
+
+
+def _process_rows(
+    images: Sequence[torch.Tensor],
+    rows: list[int],
+    target: tuple[int, int] | None,
+    resample: Any,
+    patch_size: int,
+    factor: float | None,
+    out: np.ndarray,
+) -> int:
+    """Resize (to `target`, if any), patchify and rescale these same-size images into their
+    rows of `out`; returns the patches per image."""
+    batch = np.stack([images[i].numpy() for i in rows])  # single-threaded copy
+    if target is not None:
+        resized = tvF.resize(
+            torch.from_numpy(batch), size=list(target), interpolation=resample, antialias=True
+        )
+        batch = resized.numpy()
+    return patchify_rescale_into(batch, patch_size, factor, out, rows)
+
+
 def preprocess_uint8(
     images: Sequence[torch.Tensor],
     *,
@@ -93,11 +166,13 @@ def preprocess_uint8(
     max_soft_tokens: int,
     pooling_kernel_size: int,
     rescale: bool = True,
+    threads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """pixel_values [N, max_patches, p*p*C] float32, position ids [N, max_patches, 2], soft tokens.
 
     `images` are uint8 [C, H, W] tensors (what TorchvisionBackend hands `_preprocess`).
     `rescale=False`: pixel_values are the uint8 patches, zero padded (the uint8 hand-off).
+    `threads` > 1: the images of one size are split across that many threads.
     """
     max_patches = max_soft_tokens * pooling_kernel_size**2
     channels = int(images[0].shape[0])
@@ -109,9 +184,10 @@ def preprocess_uint8(
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, image in enumerate(images):
         groups.setdefault(tuple(image.shape), []).append(i)
+    factor = rescale_factor if rescale else None
     for shape, rows in groups.items():
         _, height, width = shape
-        batch = np.stack([images[i].numpy() for i in rows])  # single-threaded copy
+        th, tw = height, width
         if do_resize:
             th, tw = get_aspect_ratio_preserving_size(
                 height=height,
@@ -120,14 +196,22 @@ def preprocess_uint8(
                 max_patches=max_patches,
                 pooling_kernel_size=pooling_kernel_size,
             )
-            if (th, tw) != (height, width):
-                resized = tvF.resize(
-                    torch.from_numpy(batch), size=[th, tw], interpolation=resample, antialias=True
-                )
-                batch = resized.numpy()
-        factor = rescale_factor if rescale else None
-        n = patchify_rescale_into(batch, patch_size, factor, out, rows)
-        ph, pw = batch.shape[2] // patch_size, batch.shape[3] // patch_size
+        target = (th, tw) if (th, tw) != (height, width) else None
+        args = (target, resample, patch_size, factor, out)
+        first, *rest = _chunks(rows, threads)
+        if rest:
+            torch_threads = torch.get_num_threads()
+            pool = _executor(len(rest))
+            futures = [
+                pool.submit(_with_torch_threads, torch_threads, _process_rows, images, c, *args)
+                for c in rest
+            ]
+            n = _process_rows(images, first, *args)
+            for future in futures:
+                future.result()
+        else:
+            n = _process_rows(images, first, *args)
+        ph, pw = th // patch_size, tw // patch_size
         pos = position_ids(ph, pw, max_patches)
         for row in rows:
             positions[row] = pos
@@ -224,6 +308,7 @@ def make_fast_preprocess(
             max_soft_tokens=max_soft_tokens,
             pooling_kernel_size=pooling_kernel_size,
             rescale=not handoff(uint8, rescale_factor),
+            threads=_frame_threads,
         )
         data = {
             "pixel_values": pixel_values,
