@@ -535,15 +535,17 @@ def image_processor(fast: bool) -> Any:
     return processor
 
 
-def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
-    """vLLM 0.32's video-branch core: frames -> PIL -> image processor (70 tokens) -> bf16."""
+def _processor_core(frames: np.ndarray, fast: bool, threads: int, frame_threads: int = 1) -> Any:
+    """vLLM 0.32's video-branch core: frames -> PIL -> image processor (70 tokens) -> bf16;
+    `frame_threads`: GEMMA4_MEDIA_FRAME_THREADS for the fast path."""
     import torch
     from PIL import Image
 
-    from gemma4_batched_encoder.media import limited_torch_threads
+    from gemma4_batched_encoder.media import fast_processor, limited_torch_threads
     from gemma4_batched_encoder.media.frames import as_frame, patch_processor
 
     processor = image_processor(fast)
+    fast_processor.set_frame_threads(frame_threads)
     with limited_torch_threads(threads):
         # vLLM's video branch: PIL frames, or zero-copy array frames with the fast path (frames.py)
         to_frame = as_frame if fast and patch_processor() else Image.fromarray
@@ -553,21 +555,23 @@ def _processor_core(frames: np.ndarray, fast: bool, threads: int) -> Any:
 
 
 _PROCESSORS: dict[bool, Any] = {}
-HOST_VARIANTS = {  # name -> (fast, torch threads; 0 = torch's default)
-    "stock": (False, 0),
-    "stock_1thread": (False, 1),
-    "fast": (True, 1),
+HOST_VARIANTS = {  # name -> (fast, torch threads (0 = torch's default), frame threads)
+    "stock": (False, 0, 1),
+    "stock_1thread": (False, 1, 1),
+    "fast": (True, 1, 1),
+    "fast_frames2": (True, 1, 2),
+    "fast_frames4": (True, 1, 4),
 }
 
 
 def _worker(job: tuple[str, list[bytes]]) -> list[float]:
     name, payloads = job
-    fast, threads = HOST_VARIANTS[name]
+    variant = HOST_VARIANTS[name]
     videos = [decode_frames(p) for p in payloads]
-    _processor_core(videos[0], fast, threads)  # warm-up
+    _processor_core(videos[0], *variant)  # warm-up
     times = []
     for video in videos:
-        t, _ = timed(lambda video=video: _processor_core(video, fast, threads))
+        t, _ = timed(lambda video=video: _processor_core(video, *variant))
         times.append(t)
     return times
 
@@ -598,16 +602,15 @@ def run_processor_only(args: argparse.Namespace) -> dict[str, Any]:
                 lambda name=name: _processor_core(videos[0], *HOST_VARIANTS[name])
             )
             single[name].append(t)
-        for name in ("stock_1thread", "fast"):
+        for name in HOST_VARIANTS:
             pairs = zip(outs["stock"], outs[name], strict=True)
             mismatches += not all(torch.equal(a, b) for a, b in pairs)
     burst = {name: [] for name in HOST_VARIANTS}
     for rep in range(args.burst_reps):
         for name in HOST_VARIANTS if rep % 2 == 0 else list(HOST_VARIANTS)[::-1]:
-            fast, threads = HOST_VARIANTS[name]
             start = time.perf_counter()
             for video in videos:
-                _processor_core(video, fast, threads)
+                _processor_core(video, *HOST_VARIANTS[name])
             burst[name].append(time.perf_counter() - start)
     # --procs processes at once, each a burst of its own (like --api-server-count N on one host).
     parallel: dict[str, dict[str, float]] = {}
