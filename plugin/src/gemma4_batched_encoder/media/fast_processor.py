@@ -93,6 +93,7 @@ def patchify_rescale_into(
 
 _frame_threads = 1
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 _pool_lock = threading.Lock()
 
 
@@ -108,10 +109,10 @@ def frame_threads() -> int:
 
 def _executor(workers: int) -> ThreadPoolExecutor:
     """The shared pool, grown to `workers` threads when a call needs more."""
-    global _pool
+    global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool._max_workers < workers:
-            old, _pool = _pool, ThreadPoolExecutor(workers, thread_name_prefix="gemma4-frames")
+        if _pool is None or _pool_size < workers:
+            old, _pool, _pool_size = _pool, ThreadPoolExecutor(workers, "gemma4-frames"), workers
             if old is not None:
                 old.shutdown(wait=False)
         return _pool
@@ -119,21 +120,14 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 def _chunks(rows: list[int], threads: int) -> list[list[int]]:
     """`rows` in at most `threads` contiguous, near-equal chunks."""
-    k = max(1, min(threads, len(rows)))
-    size, extra = divmod(len(rows), k)
-    out, start = [], 0
-    for i in range(k):
-        end = start + size + (i < extra)
-        out.append(rows[start:end])
-        start = end
-    return out
+    return [c.tolist() for c in np.array_split(rows, max(1, min(threads, len(rows))))]
 
 
 def _with_torch_threads(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
-    # A pool thread only ever does this work, so its count need not be restored.
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    return fn(*args)
+    from . import limited_torch_threads  # the package imports this module lazily: no cycle
+
+    with limited_torch_threads(threads):
+        return fn(*args)
 
 
 def _process_rows(
