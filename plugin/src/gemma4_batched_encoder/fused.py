@@ -91,12 +91,12 @@ class FusedLayers:
                         module._norm = MethodType(_norm_eager_reduction, module)
         self.layers = layers
         # What the encoder's mask step makes of no mask, eagerly (sdpa: still none). Asked once
-        # here, outside any capture: transformers 5.17 builds an all-true [B, 1, L, L] mask
-        # instead while a CUDA stream captures (its `is_tracing(None)` counts capturing), which
-        # the compiled layers had never seen, so every capture of an unpadded batch recompiled
-        # inside the capture and failed (H200, 2026-11-30). 5.19 skips it there too.
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-        self._no_mask_stays_none = not capturing and (
+        # here, before any capture (the encoder builds its layers before it captures): 5.17
+        # builds an all-true [B, 1, L, L] mask instead while a CUDA stream captures (its
+        # `is_tracing(None)` counts capturing), which the compiled layers had never seen, so
+        # every capture of an unpadded batch recompiled inside the capture and failed (H200,
+        # 2026-11-30). 5.19 skips it there too. Asked inside a capture, it answers False: as before.
+        self._no_mask_stays_none = (
             create_bidirectional_mask(
                 config=encoder.config, inputs_embeds=torch.zeros(1, 2, 1), attention_mask=None
             )
