@@ -7,6 +7,8 @@
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
 #   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
+#   bench/gpu/h200.sh graphs                the encoder's CUDA graphs: verify fused (padded + unpadded
+#                                           frames), unfused unpadded, fast; exact-fused vs fast timings
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #                                           (servers sharing the GPU: start the next only after
@@ -103,6 +105,33 @@ verify | encoder)
     --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
   python3 bench/media_stages.py --processor-only --model "$MODEL_DIR" --out "$OUT/media-processor-only.json" ||
     echo "media stages: exit $?"
+  ;;
+graphs)
+  # The encoder's CUDA graphs under the host's transformers (5.17 builds an all-true mask while a
+  # stream captures; eighth sitting): verify with fused layers (padded 480p frames, and unpadded
+  # 21x30 frames with fused on and off: the unfused graphs get 5.17's capture-time mask), fast
+  # mode, then exact-fused vs fast timings. Each run's failed captures are counted from its log.
+  cd "$REPO"
+  E="--preset e4b --device cuda --dtype bf16"
+  logged() {
+    local name="$1" rc=0
+    shift
+    "$@" >"$OUT/$name.json" 2>"/tmp/$name.log" || rc=$?
+    echo "$name: exit $rc, $(grep -c 'capture failed' "/tmp/$name.log") failed captures," \
+      "$(python3 -c "import json; d=json.load(open('$OUT/$name.json')); print({k: d.get(k) for k in ('bit_identical', 'max_abs_diff', 'cuda_graphs_captured')})" 2>/dev/null)"
+  }
+  GEMMA4_ENCODER_FUSED=on logged verify-fused python3 -m gemma4_batched_encoder.verify $E \
+    --videos 1,16 --images 4
+  for fused in on off; do
+    GEMMA4_ENCODER_FUSED=$fused logged "verify-unpadded-fused-$fused" \
+      python3 -m gemma4_batched_encoder.verify $E --frame-grid 21x30 --videos 1,16 --images 4
+  done
+  GEMMA4_ENCODER_FUSED=on logged verify-fast python3 -m gemma4_batched_encoder.verify $E \
+    --mode fast --videos 1,16 --images 4
+  logged encoder-bench python3 -m gemma4_batched_encoder.bench $E --videos 1,16 --warmup 3 \
+    --repeats 10 --methods exact-fused,fast
+  grep -h -A25 -m1 "capture failed" /tmp/verify-*.log /tmp/encoder-bench.log >"$OUT/capture-failures.txt" || true
+  tail -n 12 /tmp/encoder-bench.log
   ;;
 host)
   cd "$REPO"
