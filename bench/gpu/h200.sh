@@ -112,6 +112,7 @@ graphs)
   # 21x30 frames with fused on and off: the unfused graphs get 5.17's capture-time mask), fast
   # mode, then exact-fused vs fast timings. Each run's failed captures are counted from its log.
   cd "$REPO"
+  export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH" # the tree's plugin, installed or not
   E="--preset e4b --device cuda --dtype bf16"
   logged() {
     local name="$1" rc=0
