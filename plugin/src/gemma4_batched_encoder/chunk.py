@@ -8,10 +8,13 @@ to skip it, which syncs) and lengths come from the caller.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
 import torch
+import transformers.masking_utils as masking_utils
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 
@@ -36,6 +39,39 @@ def padded_attention_mask(vt: nn.Module, embeds: torch.Tensor, padding: torch.Te
     )
 
 
+def _capturing() -> bool:
+    """Whether a CUDA stream is capturing now (False where CUDA never started: no driver call)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+@contextlib.contextmanager
+def no_padding_means_no_mask() -> Iterator[None]:
+    """While a CUDA stream captures, transformers' mask step treats "no padding mask" as eagerly.
+
+    transformers 5.17 asks ``is_tracing(padding_mask)`` before it skips the mask, and counts stream
+    capture as tracing, so inside a capture "no padding" becomes an all-true [B, 1, L, L] mask and
+    SDPA records its masked kernel where the eager tower runs the unmasked one: the unfused
+    encoder's graphs of unpadded batches were not bit-identical on the H200 (max abs diff 233,
+    2026-12-01). 5.19 checks ``padding_mask is not None`` first; this answers ``None`` that way for
+    the duration of the capture. A real padding mask, and compiling or JIT tracing, keep
+    transformers' answer. Outside a capture nothing is patched."""
+    original = getattr(masking_utils, "is_tracing", None)
+    if original is None or not _capturing():
+        yield
+        return
+
+    def is_tracing(tensor: object = None) -> bool:
+        if tensor is None and not torch.compiler.is_compiling() and not torch.jit.is_tracing():
+            return False
+        return original(tensor)
+
+    masking_utils.is_tracing = is_tracing
+    try:
+        yield
+    finally:
+        masking_utils.is_tracing = original
+
+
 def _finish(vt: nn.Module, pooled: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # As Gemma4VisionModel.forward: standardize in fp32, cast to the working dtype.
     if getattr(vt.config, "standardize", False):
@@ -53,9 +89,10 @@ def _encode(
     """The encoder's last hidden state: through ``layers`` (compiled) or ``vt.encoder``."""
     if layers is not None:
         return layers.hidden(embeds, mask, position_ids)
-    return vt.encoder(
-        inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
-    ).last_hidden_state
+    with no_padding_means_no_mask():
+        return vt.encoder(
+            inputs_embeds=embeds, attention_mask=mask, pixel_position_ids=position_ids
+        ).last_hidden_state
 
 
 def exact_chunk(
