@@ -6,7 +6,10 @@ rounded up to a bucket (2^i or 3*2^i); the extra rows repeat the last real item 
 The graphs of one input shape read their inputs from views of one static buffer (the largest
 bucket's; calls are sequential on one stream, and each copies its inputs in before its replay),
 so the buffers cost one batch, not one per bucket. Any capture error disables that key and the
-caller runs eagerly.
+caller runs eagerly, and so does a graph whose first replay differs from the eager warm-up run on
+the same inputs: a capture can record other kernels than the eager pass runs (transformers 5.17
+builds a mask for "no padding" while a stream captures; H200, 2026-12-01), and exact mode's
+promise is the eager bits.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class CudaGraphRunner:
 
     @property
     def num_failed(self) -> int:
-        """Keys whose capture failed (they run eagerly from then on)."""
+        """Keys whose capture failed or whose replay differed from eager (they run eagerly)."""
         return len(self._failed)
 
     def run(
@@ -61,7 +64,7 @@ class CudaGraphRunner:
         """Replay (capturing on first use) ``fn`` for this batch; None means: run it eagerly."""
         n = pixel_values.shape[0]
         size = bucket_size(n)
-        if size > self.max_items or not pixel_values.is_cuda:
+        if size > self.max_items or not self._can_capture(pixel_values):
             return None
         shape_key = (
             *key,
@@ -76,7 +79,8 @@ class CudaGraphRunner:
         captured = self._graphs.get(full_key)
         if captured is None:
             try:
-                captured = self._capture(fn, pixel_values, position_ids, size, shape_key)
+                captured, eager = self._capture(fn, pixel_values, position_ids, size, shape_key)
+                same = self._replays_as_eager(captured, eager)
             except Exception:
                 logger.warning(
                     "CUDA graph capture failed for %s; running eagerly", full_key, exc_info=True
@@ -84,6 +88,14 @@ class CudaGraphRunner:
                 self._failed.add(full_key)
                 self._abandon_pool(pixel_values.device)
                 torch.cuda.synchronize()
+                return None
+            if not same:
+                logger.warning(
+                    "CUDA graph for %s replays other values than its eager pass on the same "
+                    "inputs; running this key eagerly",
+                    full_key,
+                )
+                self._failed.add(full_key)
                 return None
             self._graphs[full_key] = captured
         captured.pixel_values[:n].copy_(pixel_values)
@@ -94,6 +106,10 @@ class CudaGraphRunner:
         captured.graph.replay()
         # The static output is overwritten by the next replay.
         return captured.output[:n].clone()
+
+    @staticmethod
+    def _can_capture(pixel_values: torch.Tensor) -> bool:
+        return pixel_values.is_cuda
 
     def _static_inputs(
         self, shape_key: tuple, pixel_values: torch.Tensor, position_ids: torch.Tensor, size: int
@@ -116,7 +132,8 @@ class CudaGraphRunner:
         position_ids: torch.Tensor,
         size: int,
         shape_key: tuple,
-    ) -> _Captured:
+    ) -> tuple[_Captured, torch.Tensor]:
+        """The graph, and the eager warm-up's output on the same static inputs."""
         n = pixel_values.shape[0]
         reps = [min(i, n - 1) for i in range(size)]
         static_pv, static_pp = self._static_inputs(shape_key, pixel_values, position_ids, size)
@@ -130,14 +147,21 @@ class CudaGraphRunner:
         # as torch.cuda.graphs recommends: nothing may compile or allocate afresh inside capture.
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream):
-            fn(static_pv, static_pp)
+            eager = fn(static_pv, static_pp)
         torch.cuda.current_stream().wait_stream(self._stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(
             graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
         ):
             output = fn(static_pv, static_pp)
-        return _Captured(graph, static_pv, static_pp, output)
+        return _Captured(graph, static_pv, static_pp, output), eager
+
+    @staticmethod
+    def _replays_as_eager(captured: _Captured, eager: torch.Tensor) -> bool:
+        """Replay once on the capture's inputs and compare with the eager warm-up's output, bit
+        for bit (one sync per captured key, at capture time only)."""
+        captured.graph.replay()
+        return torch.equal(captured.output, eager)
 
     def _abandon_pool(self, device: torch.device) -> None:
         """After a failed capture: the caching allocator may still route to the pool that capture
