@@ -51,3 +51,28 @@ def host_model(cls: type, vt: nn.Module, dtype: torch.dtype, text_hidden: int = 
     obj.model_dtype = dtype
     obj._enable_mm_lora = False
     return obj
+
+
+def _ignore_mask_as_in_5_17(padding_mask, kv_length, local_attention_size=None) -> bool:
+    # transformers 5.17's `_ignore_bidirectional_mask_sdpa` (no XPU branch): `is_tracing` first,
+    # looked up in masking_utils at call time, as there.
+    import transformers.masking_utils as masking
+
+    return (
+        not masking.is_tracing(padding_mask)
+        and (padding_mask is None or bool(padding_mask.all()))
+        and (local_attention_size is None or kv_length < local_attention_size)
+    )
+
+
+def emulate_capture_on_5_17(monkeypatch) -> None:
+    """As if a CUDA stream were capturing (for transformers and for the plugin's chunk.py), with
+    transformers 5.17's mask step: it counts capture as tracing and builds an all-true mask for
+    "no padding" (the H200 host's version; 5.19, installed here, does not)."""
+    import transformers.masking_utils as masking
+
+    import gemma4_batched_encoder.chunk as chunk
+
+    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa", _ignore_mask_as_in_5_17)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(chunk, "_capturing", lambda: True)

@@ -47,8 +47,8 @@ def test_a_mask_built_for_no_padding_inside_a_capture_does_not_reach_the_compile
 ):
     # transformers 5.17 builds an all-true mask for "no mask" while a CUDA stream captures; the
     # compiled layers then recompiled inside every unpadded capture, which failed them all on the
-    # H200 (exact and fast). CUDA graphs cannot run here, so the capture's mask step is
-    # reproduced: the skip that 5.17 refuses while capturing is refused, after the layers exist.
+    # H200 (exact and fast). CUDA graphs cannot run here, so the capture and 5.17's mask step are
+    # emulated, after the layers exist.
     import transformers.masking_utils as masking
 
     dtype = torch.bfloat16 if mode == "exact" else torch.float32
@@ -60,7 +60,7 @@ def test_a_mask_built_for_no_padding_inside_a_capture_does_not_reach_the_compile
     if mode == "exact":
         assert_identical(first, serial_per_item(tower, pvs, pps))
     graphs = counters["stats"]["unique_graphs"]
-    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: False)
+    H.emulate_capture_on_5_17(monkeypatch)
     assert (
         masking.create_bidirectional_mask(
             config=tower.encoder.config, inputs_embeds=torch.zeros(1, 2, 1), attention_mask=None

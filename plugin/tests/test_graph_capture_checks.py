@@ -22,22 +22,9 @@ from gemma4_batched_encoder.settings import Settings
 from gemma4_batched_encoder.synthetic import Media, make_batch
 
 
-def _ignore_mask_as_in_5_17(padding_mask, kv_length, local_attention_size=None) -> bool:
-    # transformers 5.17's `_ignore_bidirectional_mask_sdpa` (no XPU branch): `is_tracing` first,
-    # looked up in masking_utils at call time, as there.
-    return (
-        not masking.is_tracing(padding_mask)
-        and (padding_mask is None or bool(padding_mask.all()))
-        and (local_attention_size is None or kv_length < local_attention_size)
-    )
-
-
 @pytest.fixture
 def capturing_517(monkeypatch):
-    """A stream "captures" (for transformers and for chunk.py) and the mask step is 5.17's."""
-    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa", _ignore_mask_as_in_5_17)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(chunk, "_capturing", lambda: True)
+    H.emulate_capture_on_5_17(monkeypatch)
     return monkeypatch
 
 

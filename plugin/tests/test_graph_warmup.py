@@ -80,23 +80,34 @@ def test_real_requests_reuse_the_warmed_keys(monkeypatch):
 
 class CaptureEmulatingRunner(RecordingRunner):
     """Runs fn as `CudaGraphRunner._capture` does: once as the warm-up, then again as if a CUDA
-    stream were capturing (`torch.cuda.is_current_stream_capturing()` true, which transformers'
-    mask code consults), counting what dynamo compiles inside that "capture": on the H200 a
-    compile there failed every capture of the fused layers (transformers 5.17's capture-time mask
-    for no padding; `test_fused_layers` reproduces that version's mask step)."""
+    stream were capturing with transformers 5.17's mask step (`g4helpers.emulate_capture_on_5_17`),
+    counting what dynamo compiles inside that "capture": on the H200 a compile there failed every
+    capture of the fused layers (5.17's capture-time mask for no padding). Also records, per
+    captured pass, whether it had padding and whether the fused layers got a mask."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         super().__init__()
         self.monkeypatch = monkeypatch
         self.compiled_in_capture = 0
+        self.masks_in_capture: set[tuple[bool, bool]] = set()  # (has padding, got a mask)
 
     def run(self, key, fn, pixel_values, position_ids):
+        import gemma4_batched_encoder.fused as fused
+
         warm = super().run(key, fn, pixel_values, position_ids)
         before = counters["stats"]["unique_graphs"]
+        build = fused.create_bidirectional_mask
+        masks = []
         with self.monkeypatch.context() as m:
-            m.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+            H.emulate_capture_on_5_17(m)
+            m.setattr(
+                fused,
+                "create_bidirectional_mask",
+                lambda **kw: masks.append(build(**kw)) or masks[-1],
+            )
             out = fn(pixel_values, position_ids)
         self.compiled_in_capture += counters["stats"]["unique_graphs"] - before
+        self.masks_in_capture |= {(key[1], mask is not None) for mask in masks}
         assert torch.equal(out, warm)
         return out
 
@@ -111,6 +122,7 @@ def test_fused_warm_up_compiles_nothing_inside_a_capture(monkeypatch, caplog):
     assert enc.fused_active(CPU, bf16)  # the buckets ran the fused layers
     assert "12 encoder CUDA graphs captured at start-up" in caplog.text  # padded and not
     assert runner.compiled_in_capture == 0
+    assert runner.masks_in_capture == {(False, False), (True, True)}  # no padding: no mask
 
 
 def test_no_warm_up_when_off_or_a_failure_only_logs(monkeypatch, caplog):

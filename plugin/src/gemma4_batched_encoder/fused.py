@@ -32,6 +32,8 @@ import torch
 from torch import Tensor, nn
 from transformers.masking_utils import create_bidirectional_mask
 
+from .chunk import no_padding_means_no_mask
+
 _OPTIONS = {"emulate_precision_casts": True}
 
 
@@ -90,27 +92,16 @@ class FusedLayers:
                     if _is_rms_norm(module):
                         module._norm = MethodType(_norm_eager_reduction, module)
         self.layers = layers
-        # What the encoder's mask step makes of no mask, eagerly (sdpa: still none). Asked once
-        # here, before any capture (the encoder builds its layers before it captures): 5.17
-        # builds an all-true [B, 1, L, L] mask instead while a CUDA stream captures (its
-        # `is_tracing(None)` counts capturing), which the compiled layers had never seen, so
-        # every capture of an unpadded batch recompiled inside the capture and failed (H200,
-        # 2026-11-30). 5.19 skips it there too. Asked inside a capture, it answers False: as before.
-        self._no_mask_stays_none = (
-            create_bidirectional_mask(
-                config=encoder.config, inputs_embeds=torch.zeros(1, 2, 1), attention_mask=None
-            )
-            is None
-        )
 
     def hidden(
         self, inputs_embeds: Tensor, attention_mask: object, pixel_position_ids: Tensor
     ) -> Tensor:
         """``vt.encoder(...).last_hidden_state`` with the compiled layers (same steps)."""
         encoder = self.encoder
-        if attention_mask is None and self._no_mask_stays_none:
-            mask = None  # as eagerly, also inside a capture (see __init__)
-        else:
+        # Inside a capture too, no padding gives no mask (chunk.py): a capture-time mask is an
+        # input the compiled layers never saw, so they recompiled inside every capture of an
+        # unpadded batch and it failed (transformers 5.17, H200, 2026-11-30).
+        with no_padding_means_no_mask():
             mask = create_bidirectional_mask(
                 config=encoder.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
             )
