@@ -202,7 +202,7 @@ measure)
   fi
   # The plugin's own lines (not the per-process registration ones, which fill the first screen
   # with 8 API servers), vLLM's start-up milestones and any error.
-  grep -E "ERROR|Traceback|gemma4_batched_encoder|exact mode|fast mode|fused|Graph capturing|KV cache size|init engine" \
+  grep -E "ERROR|Traceback|gemma4_batched_encoder|exact mode|fast mode|fused|Graph capturing|KV cache size|init engine|CUDA graph" \
     "/tmp/vllm-$name.log" | grep -v "registered" | head -40 >"$OUT/$name-log-excerpt.txt" || true
   save_metrics "$port" "$OUT/$name-metrics.txt"
   ;;

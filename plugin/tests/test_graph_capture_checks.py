@@ -152,3 +152,16 @@ def test_a_graph_that_replays_other_values_is_dropped_and_the_key_runs_eagerly(c
     assert (runner.num_graphs, runner.num_failed, runner.captures) == (0, 1, 1)
     assert runner.run(("other",), _double, pv, pp) is None  # other keys still try
     assert runner.captures == 2
+
+
+def test_a_capture_while_serving_is_logged_with_its_key(caplog):
+    runner = _CpuRunner(drift=0.0)
+    pv, pp = torch.randn(3, 4, 2), torch.zeros(3, 4, 2, dtype=torch.long)
+    runner.serving = False  # as during the start-up warm-up
+    with caplog.at_level(logging.INFO):
+        runner.run(("warm",), _double, pv, pp)
+        assert "captured while serving" not in caplog.text
+        runner.serving = True
+        runner.run(("late",), _double, pv, pp)
+        runner.run(("late",), _double, pv, pp)  # a replay: no second line
+    assert caplog.text.count("CUDA graph captured while serving for ('late',") == 1

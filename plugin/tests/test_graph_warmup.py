@@ -26,8 +26,11 @@ class RecordingRunner:
 
     def __init__(self) -> None:
         self.calls: list[tuple[tuple, int, int, bool]] = []
+        self.serving = True
+        self.serving_seen: set[bool] = set()
 
     def run(self, key, fn, pixel_values, position_ids):
+        self.serving_seen.add(self.serving)
         padded = bool((position_ids == -1).all(dim=-1).any())
         self.calls.append((key, bucket_size(pixel_values.shape[0]), pixel_values.shape[1], padded))
         out = fn(pixel_values, position_ids)
@@ -53,6 +56,8 @@ def test_warm_up_asks_for_every_bucket_padded_and_not_once(caplog):
     ]  # largest bucket first, so the runner's shared input buffer is allocated once
     assert {patches for _, _, patches, _ in runner.calls} == {4 * k * k}
     assert "12 encoder CUDA graphs captured at start-up for 4 soft tokens" in caplog.text
+    # The warm-up's captures are not "while serving" (no INFO line each); later ones are.
+    assert runner.serving_seen == {False} and runner.serving
 
 
 def test_the_memory_budget_bounds_the_buckets():

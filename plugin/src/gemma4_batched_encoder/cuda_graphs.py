@@ -15,6 +15,7 @@ promise is the eager bits.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +49,9 @@ class CudaGraphRunner:
         self._inputs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pool = None
         self._stream: torch.cuda.Stream | None = None  # warm-up and capture stream
+        # False while the encoder's start-up warm-up captures: later captures stall a serving
+        # step (~0.5-1 s on the H200), so each gets an INFO line naming its key.
+        self.serving = True
 
     @property
     def num_graphs(self) -> int:
@@ -78,6 +82,7 @@ class CudaGraphRunner:
             return None
         captured = self._graphs.get(full_key)
         if captured is None:
+            start = time.perf_counter()
             try:
                 captured, eager = self._capture(fn, pixel_values, position_ids, size, shape_key)
                 same = self._replays_as_eager(captured, eager)
@@ -98,6 +103,12 @@ class CudaGraphRunner:
                 self._failed.add(full_key)
                 return None
             self._graphs[full_key] = captured
+            if self.serving:
+                logger.info(
+                    "CUDA graph captured while serving for %s in %.2f s",
+                    full_key,
+                    time.perf_counter() - start,
+                )
         captured.pixel_values[:n].copy_(pixel_values)
         captured.position_ids[:n].copy_(position_ids)
         if size > n:

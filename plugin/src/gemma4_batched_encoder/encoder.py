@@ -204,6 +204,7 @@ class BatchedVisionEncoder:
         from .synthetic import patchify
 
         start, captured = time.perf_counter(), 0
+        self.graphs.serving = False  # no per-capture INFO lines for these (one summary below)
         k = self.vt.config.pooling_kernel_size
         patch_dim = 3 * self.vt.config.patch_size**2
         gen = torch.Generator().manual_seed(0)
@@ -233,6 +234,8 @@ class BatchedVisionEncoder:
                         captured += self.graphs.run(graph_key, fn, pv[:b], pp[:b]) is not None
         except Exception:
             logger.warning("encoder CUDA-graph warm-up stopped early", exc_info=True)
+        finally:
+            self.graphs.serving = True
         logger.info(
             "exact mode on %s/%s: %d encoder CUDA graphs captured at start-up for %s soft tokens "
             "in %.1f s",
