@@ -167,3 +167,62 @@ def test_model_construction_with_auto(monkeypatch, vllm_does_it):
     torch.set_num_threads(2)
     construct_plugin_model(monkeypatch)
     assert torch.get_num_threads() == (2 if vllm_does_it else 1)
+
+
+# -- GEMMA4_ENGINE_BATCH_THREADS: vLLM's multimodal batching only ---------------------------------
+@pytest.fixture
+def field_classes(monkeypatch):
+    """vLLM's field classes that define `_reduce_data`, restored after the test."""
+    from vllm.multimodal import inputs
+
+    classes = {
+        name: cls
+        for name, cls in vars(inputs).items()
+        if isinstance(cls, type) and "_reduce_data" in vars(cls)
+    }
+    for cls in classes.values():
+        monkeypatch.setattr(cls, "_reduce_data", vars(cls)["_reduce_data"])
+    return classes
+
+
+def test_batching_runs_at_the_set_count_with_the_same_tensors(field_classes, monkeypatch):
+    from vllm.multimodal.inputs import MultiModalBatchedField, MultiModalFlatField
+
+    batch = [torch.randn(2, 5, 3), torch.randn(4, 5, 3), torch.randn(1, 5, 3)]
+    flat, batched = MultiModalFlatField(slices=[slice(0, 2)], dim=0), MultiModalBatchedField()
+    want_flat = flat._reduce_data(batch, pin_memory=False)
+    want_batched = batched._reduce_data(batch[:1] * 3, pin_memory=False)
+    outside, seen = torch.get_num_threads(), []
+    for op in ("concat", "stack"):
+        real = getattr(torch, op)
+        spy = lambda *a, real=real, **k: seen.append(torch.get_num_threads()) or real(*a, **k)  # noqa: E731
+        monkeypatch.setattr(torch, op, spy)
+
+    count = other_count()
+    names = engine_threads.limit_batching_threads(count, on_cpu_platform=False)
+    assert {"MultiModalFlatField", "MultiModalBatchedField"} <= set(names)
+    assert set(names) == set(field_classes)
+    assert torch.equal(flat._reduce_data(batch, pin_memory=False), want_flat)
+    assert torch.equal(batched._reduce_data(batch[:1] * 3, pin_memory=False), want_batched)
+    assert seen[-2:] == [count, count]  # inside vLLM's concat and stack
+    assert torch.get_num_threads() == outside  # restored for everything else
+    assert engine_threads.limit_batching_threads(count, on_cpu_platform=False) == []  # once
+
+
+def test_batching_threads_off_or_on_a_cpu_platform_change_nothing(field_classes):
+    before = {name: vars(cls)["_reduce_data"] for name, cls in field_classes.items()}
+    assert engine_threads.limit_batching_threads(0, on_cpu_platform=False) == []
+    assert engine_threads.limit_batching_threads(1, on_cpu_platform=True) == []
+    assert {name: vars(cls)["_reduce_data"] for name, cls in field_classes.items()} == before
+
+
+@pytest.mark.parametrize(("raw", "want"), [(None, 0), ("0", 0), ("1", 1), ("4", 4)])
+def test_batching_threads_setting(monkeypatch, raw, want):
+    if raw is None:
+        monkeypatch.delenv(engine_threads.BATCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(engine_threads.BATCH_ENV, raw)
+    assert Settings.from_env().engine_batch_threads == want
+    monkeypatch.setenv(engine_threads.BATCH_ENV, "-1")
+    with pytest.raises(ValueError, match=engine_threads.BATCH_ENV):
+        Settings.from_env()
