@@ -21,10 +21,7 @@ measure again.
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -77,54 +74,3 @@ def set_engine_torch_threads(threads: int | None, on_cpu_platform: bool) -> bool
         why,
     )
     return True
-
-
-BATCH_ENV = "GEMMA4_ENGINE_BATCH_THREADS"
-_WRAPPED = "_gemma4_batch_threads"
-
-
-def limit_batching_threads(threads: int, on_cpu_platform: bool) -> list[str]:
-    """Run vLLM's CPU-side batching of multimodal tensors (each field class's ``_reduce_data``:
-    ``torch.concat``/``torch.stack`` into pinned memory) with ``threads`` torch threads, in the
-    calling thread only, the rest of the process as it is (``GEMMA4_ENGINE_BATCH_THREADS``).
-
-    The narrow form of ``GEMMA4_ENGINE_TORCH_THREADS``: on the H200 (vLLM 0.20.0, 40 video
-    req/s) that concat took 28% of the engine core's main thread with torch's 16 threads and 5%
-    with one (eighth and ninth sittings), but one thread for the whole process served 35 req/s
-    worse. A copy gives the same tensor at any thread count. 0: vLLM's code. Not on a CPU
-    platform (its worker binds its own OpenMP threads). Returns the classes wrapped."""
-    if threads <= 0 or on_cpu_platform:
-        return []
-    try:
-        from vllm.multimodal import inputs
-    except ImportError:
-        return []
-    done = []
-    for name, cls in sorted(vars(inputs).items()):
-        stock = vars(cls).get("_reduce_data") if isinstance(cls, type) else None
-        if stock is None or getattr(stock, _WRAPPED, False):
-            continue
-        cls._reduce_data = _at_threads(stock, threads)
-        done.append(name)
-    if done:
-        logger.info(
-            "gemma4_batched_encoder: vLLM's multimodal batching runs at %d torch thread(s) "
-            "(%s=%d): %s",
-            threads,
-            BATCH_ENV,
-            threads,
-            ", ".join(done),
-        )
-    return done
-
-
-def _at_threads(stock: Callable[..., Any], threads: int) -> Callable[..., Any]:
-    from .media import limited_torch_threads
-
-    @functools.wraps(stock)
-    def reduce_data(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with limited_torch_threads(threads):
-            return stock(self, *args, **kwargs)
-
-    setattr(reduce_data, _WRAPPED, True)
-    return reduce_data

@@ -87,9 +87,6 @@ class Settings:
     # median ITL of 22 ms and p95 824 ms, where the seventh sitting's server (OpenMP left at 16
     # threads; no start-up graph warm-up yet) passed with 9.7 / 241 ms.
     engine_torch_threads: int | None = 0
-    # torch threads for vLLM's CPU-side batching of multimodal tensors only (engine_threads.py
-    # `limit_batching_threads`); 0 = vLLM's. Opt-in until measured served.
-    engine_batch_threads: int = 0
     # Gemma 4's per-step image ranges copied to the GPU without a host sync, each placeholder's
     # ranges computed once (engine_mm_ranges.py; same values, as vLLM 0.32 does).
     engine_async_ranges: bool = True
@@ -118,6 +115,5 @@ class Settings:
             fused=fused,  # type: ignore[arg-type]
             engine_torch_threads=_threads("GEMMA4_ENGINE_TORCH_THREADS"),
             engine_async_ranges=_flag("GEMMA4_ENGINE_ASYNC_RANGES", True),
-            engine_batch_threads=_int("GEMMA4_ENGINE_BATCH_THREADS", 0),
             warmup_tokens=_ints("GEMMA4_ENCODER_WARMUP_TOKENS", cls.warmup_tokens),
         )

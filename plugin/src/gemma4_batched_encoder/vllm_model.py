@@ -21,7 +21,7 @@ from vllm.model_executor.models.gemma4_mm import (
 from vllm.platforms import current_platform
 
 from . import engine_mm_ranges, pixels
-from .engine_threads import limit_batching_threads, set_engine_torch_threads
+from .engine_threads import set_engine_torch_threads
 from .log import logger
 from .media.env import uint8_requested
 from .pooling import pool_exact
@@ -72,7 +72,6 @@ class Gemma4ForConditionalGeneration(_Upstream):
             settings = Settings.from_env()
             # Only the engine core (one GPU) or the workers build the model; API servers don't.
             set_engine_torch_threads(settings.engine_torch_threads, current_platform.is_cpu())
-            limit_batching_threads(settings.engine_batch_threads, current_platform.is_cpu())
             engine_mm_ranges.install(settings.engine_async_ranges)
             active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
