@@ -90,6 +90,9 @@ class Settings:
     # Gemma 4's per-step image ranges copied to the GPU without a host sync, each placeholder's
     # ranges computed once (engine_mm_ranges.py; same values, as vLLM 0.32 does).
     engine_async_ranges: bool = True
+    # vLLM's merge of the multimodal items' tensors done on the GPU instead of a CPU concat into
+    # pinned memory (engine_mm_batching.py; same tensors). Opt-in until measured served.
+    engine_gpu_batching: bool = False
     # Soft-token budgets whose CUDA graphs exact mode captures at its first call (the profile
     # run), every batch bucket, padded and not (encoder.py `_warm_graphs`); () = capture lazily.
     # 70: Gemma 4's video frames.
@@ -115,5 +118,6 @@ class Settings:
             fused=fused,  # type: ignore[arg-type]
             engine_torch_threads=_threads("GEMMA4_ENGINE_TORCH_THREADS"),
             engine_async_ranges=_flag("GEMMA4_ENGINE_ASYNC_RANGES", True),
+            engine_gpu_batching=_flag("GEMMA4_ENGINE_GPU_BATCHING", False),
             warmup_tokens=_ints("GEMMA4_ENCODER_WARMUP_TOKENS", cls.warmup_tokens),
         )

@@ -20,7 +20,7 @@ from vllm.model_executor.models.gemma4_mm import (
 )
 from vllm.platforms import current_platform
 
-from . import engine_mm_ranges, pixels
+from . import engine_mm_batching, engine_mm_ranges, pixels
 from .engine_threads import set_engine_torch_threads
 from .log import logger
 from .media.env import uint8_requested
@@ -73,6 +73,7 @@ class Gemma4ForConditionalGeneration(_Upstream):
             # Only the engine core (one GPU) or the workers build the model; API servers don't.
             set_engine_torch_threads(settings.engine_torch_threads, current_platform.is_cpu())
             engine_mm_ranges.install(settings.engine_async_ranges)
+            engine_mm_batching.install(settings.engine_gpu_batching, current_platform.is_cpu())
             active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
         except Exception:
