@@ -72,14 +72,17 @@ def test_everything_else_goes_to_vllms_code(patched, case, kwargs):
     assert patched == [kwargs]
 
 
-def test_keep_on_cpu_fields_and_nested_data_stay_with_vllm(patched):
+def test_keep_on_cpu_fields_nested_data_and_mixed_dtypes_stay_with_vllm(patched):
     data = torch.arange(8).reshape(2, 4)
     elems = MultiModalFieldConfig.batched("image", keep_on_cpu=True).build_elems("grid", data)
     assert elems[0].field.reduce_data(list(elems), device="cpu", pin_memory=True) == "vllm"
     video, _ = _video_elems([6, 6])
     video[1] = type(video[1])(data=[video[1].data], field=video[1].field)  # a nested list
     assert video[0].field.reduce_data(video, device="cpu", pin_memory=True) == "vllm"
-    assert len(patched) == 2
+    mixed, _ = _video_elems([6, 6])  # a uint8 item beside a float one: the uint8 guard's case
+    mixed[1] = type(mixed[1])(data=mixed[1].data.to(torch.uint8), field=mixed[1].field)
+    assert mixed[0].field.reduce_data(mixed, device="cpu", pin_memory=True) == "vllm"
+    assert len(patched) == 3
 
 
 def test_install_once_off_and_never_on_a_cpu_platform(monkeypatch):

@@ -11,8 +11,10 @@ and the field's own ``_reduce_data`` merges them there: the same code on device 
 0.32 already accepts device-side items there), so the same tensor, without the CPU pass.
 
 Taken only where the stock call would copy to an accelerator with pinning, for several items,
-all plain CPU tensors of one field type that does not keep its data on the CPU; everything else
-goes to vLLM's code unchanged. Not measured on a GPU yet, hence opt-in.
+all plain CPU tensors of one dtype and of one field type that does not keep its data on the CPU;
+everything else goes to vLLM's code unchanged (mixed uint8/float batches to it and to the uint8
+hand-off's guard, `pixels.install_batch_guard`, which may wrap this or be wrapped by it). Not
+measured on a GPU yet, hence opt-in.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def gpu_reduce(stock: Callable[..., Any]) -> Callable[..., Any]:
             and not getattr(self, "keep_on_cpu", False)
             and len({type(elem.field) for elem in elems}) == 1
             and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in data)
+            and len({t.dtype for t in data}) == 1  # mixed uint8/float: pixels.py's guard's
         ):
             return self._reduce_data(
                 [t.to(device, non_blocking=True) for t in data], pin_memory=False
