@@ -20,7 +20,8 @@ compile per layer) had compiled while serving and its p95 at 35 video req/s was 
 222; bench/results/h200/vllm-0.20.0-8api*/NOTES.md).
 
 Fast mode (``FusedLayers(vt, exact=False)``) runs the same shared layer call compiled plainly:
-no cast emulation, the norms fused, no bit check (not yet measured on the H200).
+no cast emulation, the norms fused, no bit check (H200, ninth sitting, with CUDA graphs: 4.0 /
+50.7 ms for 1 / 16 videos).
 """
 
 from __future__ import annotations
