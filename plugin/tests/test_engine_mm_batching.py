@@ -11,7 +11,6 @@ import torch
 from vllm.multimodal.inputs import BaseMultiModalField, MultiModalFieldConfig
 
 import gemma4_batched_encoder.engine_mm_batching as B
-from gemma4_batched_encoder.settings import Settings
 
 STOCK = vars(BaseMultiModalField)["reduce_data"]
 
@@ -99,12 +98,3 @@ def test_on_accelerator():
     assert not B.on_accelerator(None) and not B.on_accelerator("cpu")
     assert not B.on_accelerator(torch.device("meta"))
     assert B.on_accelerator("cuda:0") and B.on_accelerator(torch.device("cuda", 1))
-
-
-@pytest.mark.parametrize(("raw", "want"), [(None, False), ("0", False), ("1", True)])
-def test_setting(monkeypatch, raw, want):
-    if raw is None:
-        monkeypatch.delenv(B.ENV, raising=False)
-    else:
-        monkeypatch.setenv(B.ENV, raw)
-    assert Settings.from_env().engine_gpu_batching is want

@@ -12,7 +12,6 @@ import torch
 from vllm.multimodal.inputs import PlaceholderRange
 
 import gemma4_batched_encoder.engine_mm_ranges as R
-from gemma4_batched_encoder.settings import Settings
 
 
 class Metadata020:
@@ -139,12 +138,3 @@ def test_placeholder_ranges_are_computed_once_with_the_stock_values(monkeypatch)
     assert placeholders[1].extract_embeds_range() == want[1]
     twin = PlaceholderRange(offset=7, length=4)
     assert twin == placeholders[0] and repr(twin) == repr(placeholders[0])  # fields untouched
-
-
-@pytest.mark.parametrize(("raw", "want"), [(None, True), ("0", False), ("1", True)])
-def test_setting(monkeypatch, raw, want):
-    if raw is None:
-        monkeypatch.delenv(R.ENV, raising=False)
-    else:
-        monkeypatch.setenv(R.ENV, raw)
-    assert Settings.from_env().engine_async_ranges is want

@@ -32,6 +32,22 @@ def test_env_values(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("name", "attribute", "default"),
+    [("GEMMA4_ENGINE_ASYNC_RANGES", "engine_async_ranges", True),
+     ("GEMMA4_ENGINE_GPU_BATCHING", "engine_gpu_batching", False)],
+)  # fmt: skip
+def test_engine_switches(monkeypatch, name, attribute, default):
+    monkeypatch.delenv(name, raising=False)
+    assert getattr(Settings.from_env(), attribute) is default
+    for raw, want in (("0", False), ("off", False), ("1", True), ("on", True)):
+        monkeypatch.setenv(name, raw)
+        assert getattr(Settings.from_env(), attribute) is want
+    monkeypatch.setenv(name, "sometimes")
+    with pytest.raises(ValueError, match=name):
+        Settings.from_env()
+
+
+@pytest.mark.parametrize(
     ("name", "value"),
     [("GEMMA4_ENCODER_MODE", "turbo"), ("GEMMA4_ENCODER_DISABLE", "maybe"),
      ("GEMMA4_ENCODER_VERIFY_EVERY", "-1")],
