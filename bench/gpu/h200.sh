@@ -23,6 +23,9 @@
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
 #                                           greedy outputs or TTFT gap, a short warm-up instead)
+#   bench/gpu/h200.sh config NAME PORT RATES DURATION [ENV=VAL ...]   serve + wait + measure
+#                                           (+ profile at $PROFILE_RATE) + stop, all files of it
+#                                           in one $OUT/NAME.tgz: one configuration per call
 #   bench/gpu/h200.sh profile NAME PORT WORKLOAD RATE SECONDS   py-spy of the server's engine core
 #                                           and first API server while a constant-rate load runs
 #                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py),
@@ -250,6 +253,34 @@ profile)
     [[ -s "$OUT/$name-$what.txt" ]] &&
       python3 bench/pyspy_top.py "$OUT/$name-$what.txt" --top 25 --out "$OUT/$name-$what-top.json" | head -n 30
   done
+  ;;
+config)
+  # One server configuration in one device call (~8 min: cold start ~3.7, TTFT gap + sweep ~3,
+  # profile ~1.3): serve, wait, measure, profile at $PROFILE_RATE (unset: none), stop the server,
+  # and pack every file of it into $OUT/NAME.tgz (the device returns 8 files a call).
+  name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
+  shift 4
+  self="$REPO/bench/gpu/h200.sh"
+  final="$OUT"
+  export OUT="/tmp/config-$name"
+  mkdir -p "$OUT"
+  bash "$self" serve "$name" "$port" "$@"
+  if bash "$self" wait "$port"; then
+    bash "$self" measure "$name" "$port" "$rates" "$duration" || echo "measure: exit $?"
+    if [[ -n "${PROFILE_RATE:-}" ]]; then
+      bash "$self" profile "$name$PROFILE_RATE" "$port" "${WORKLOADS:-video}" "$PROFILE_RATE" 20 ||
+        echo "profile: exit $?"
+    fi
+  fi
+  cp "/tmp/vllm-$name.log" "$OUT/$name-server.log" 2>/dev/null || true
+  kill -- -"$(cut -d' ' -f1 "/tmp/port-$port")" 2>/dev/null || true
+  for _ in $(seq 60); do # until the port is free (the next configuration reuses it)
+    curl -s "http://127.0.0.1:$port/health" >/dev/null 2>&1 || break
+    sleep 1
+  done
+  sleep 5 # the GPU memory of the stopped server
+  tar -czf "$final/$name.tgz" -C "$OUT" .
+  ls -la "$final/$name.tgz"
   ;;
 *)
   echo "unknown step $cmd" >&2
