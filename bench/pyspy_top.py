@@ -113,13 +113,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.below:
         rows = breakdown(parse(args.raw.read_text()), args.thread or "", args.below, args.depth)
+        if args.out:  # before printing: a reader that stops early (`| head`) must not lose it
+            args.out.write_text(json.dumps(rows, indent=2))
         print(f"{args.raw}: threads '{args.thread or '*'}' under {args.below}")
         for path, share in rows[: args.top]:
             print(f"  {share:5.1f}%  {path}")
-        if args.out:
-            args.out.write_text(json.dumps(rows, indent=2))
         return
     result = top(parse(args.raw.read_text()), args.top)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
     print(f"{args.raw}: {result['samples']} samples")
     for kind in ("self", "inclusive"):
         print(f"  {kind}:")
@@ -129,8 +131,6 @@ def main() -> None:
         print(f"  thread {t['thread']}: {t['share']:.1f}%")
         for frame, share in t["self"]:
             print(f"    {share:5.1f}%  {frame}")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

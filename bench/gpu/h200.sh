@@ -151,7 +151,8 @@ serve)
   shift 2
   (
     for kv in "$@"; do export "${kv?}"; done
-    export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port" VLLM_LAUNCHER="python3 -m vllm.entrypoints.cli.main serve"
+    export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port"
+    export VLLM_LAUNCHER="${VLLM_LAUNCHER:-python3 -m vllm.entrypoints.cli.main serve}"
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
     load=""
     compgen -G "$MODEL_DIR/*.safetensors" >/dev/null || load="--load-format dummy"
@@ -249,9 +250,13 @@ profile)
   save_metrics "$port" "$OUT/$name-metrics.txt"
   grep -E "PASS|FAIL" "/tmp/profile-$name.log" || tail -n 5 "/tmp/profile-$name.log"
   head -n 14 "/tmp/cpu-$name.txt"
+  [[ -s "$OUT/$name-engine.txt" ]] && python3 bench/pyspy_top.py "$OUT/$name-engine.txt" \
+    --thread MainThread --below "execute_model (vllm/v1/worker/gpu_model_runner" --depth 3 \
+    --out "$OUT/$name-engine-main-step.json" >"/tmp/step-$name.txt" && head -n 12 "/tmp/step-$name.txt"
   for what in engine api; do
     [[ -s "$OUT/$name-$what.txt" ]] &&
-      python3 bench/pyspy_top.py "$OUT/$name-$what.txt" --top 25 --out "$OUT/$name-$what-top.json" | head -n 30
+      python3 bench/pyspy_top.py "$OUT/$name-$what.txt" --top 25 --out "$OUT/$name-$what-top.json" \
+        >"/tmp/top-$name-$what.txt" && head -n 30 "/tmp/top-$name-$what.txt"
   done
   ;;
 config)
