@@ -152,6 +152,9 @@ def test_a_graph_that_replays_other_values_is_dropped_and_the_key_runs_eagerly(c
     assert (runner.num_graphs, runner.num_failed, runner.captures) == (0, 1, 1)
     assert runner.run(("other",), _double, pv, pp) is None  # other keys still try
     assert runner.captures == 2
+    # Fast mode promises no bits: its graphs are kept without the check.
+    assert runner.run(("fast",), _double, pv, pp, check_bits=False) is not None
+    assert (runner.num_graphs, runner.captures) == (1, 3)
 
 
 def test_a_capture_while_serving_is_logged_with_its_key(caplog):

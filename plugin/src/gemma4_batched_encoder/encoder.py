@@ -172,7 +172,7 @@ class BatchedVisionEncoder:
         try:
             pooled = None
             if self.graphs_active(pv.device):
-                pooled = self.graphs.run(("fast", layers is not None), fn, pv, pp)
+                pooled = self.graphs.run(("fast", layers is not None), fn, pv, pp, check_bits=False)
             return pooled if pooled is not None else fn(pv, pp)
         except Exception:
             if layers is None:
