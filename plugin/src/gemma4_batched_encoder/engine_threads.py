@@ -15,8 +15,10 @@ its processor) and never construct it.
 
 Off by default since the eighth H200 sitting: served with ``auto`` (one engine thread), 35 video
 req/s failed (median ITL 22 ms, p95 824 ms) where the seventh sitting's server (16 threads, no
-start-up graph warm-up yet) passed (9.7 / 241 ms); one run each, so ``auto`` stays an option to
-measure again.
+start-up graph warm-up yet) passed (9.7 / 241 ms); one run each. With ``--max-num-batched-tokens
+2560`` and LM graphs to 2560, ``auto`` kept up with 50 video req/s but failed every rate from 35
+(eighth sitting) and ``off`` passed 35 and fell behind at 40 (ninth): one thread trades latency
+for throughput.
 """
 
 from __future__ import annotations
