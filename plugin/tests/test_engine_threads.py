@@ -138,6 +138,14 @@ def construct_plugin_model(monkeypatch):
         self.vision_tower = H.tower(torch.float32)
 
     monkeypatch.setattr(vllm_model._Upstream, "__init__", upstream_init)
+    # The constructor's engine patches change vLLM classes: restored after each test.
+    from vllm.multimodal.inputs import BaseMultiModalField, PlaceholderRange
+
+    for cls, attr in (
+        (PlaceholderRange, "extract_embeds_range"),
+        (BaseMultiModalField, "reduce_data"),
+    ):
+        monkeypatch.setattr(cls, attr, vars(cls)[attr])
     config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
     return vllm_model.Gemma4ForConditionalGeneration(vllm_config=config)
 
@@ -167,3 +175,19 @@ def test_model_construction_with_auto(monkeypatch, vllm_does_it):
     torch.set_num_threads(2)
     construct_plugin_model(monkeypatch)
     assert torch.get_num_threads() == (2 if vllm_does_it else 1)
+
+
+def test_a_failing_engine_patch_leaves_the_encoder_override(monkeypatch, caplog):
+    from gemma4_batched_encoder import engine_mm_batching, engine_mm_ranges
+
+    def broken(*args):
+        raise RuntimeError("vLLM moved a class")
+
+    batching = []
+    monkeypatch.setattr(engine_mm_ranges, "install", broken)
+    monkeypatch.setattr(engine_mm_batching, "install", lambda *a: batching.append(a))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        model = construct_plugin_model(monkeypatch)
+    assert "GEMMA4_ENGINE_ASYNC_RANGES not applied" in caplog.text
+    assert batching  # the next patch still ran
+    assert model._g4 is not None and "plugin setup failed" not in caplog.text

@@ -58,6 +58,26 @@ def _flatten_counts(value: Any) -> list[int] | None:
     return out if value is not None and walk(value) else None
 
 
+def _engine_patches(settings: Settings) -> None:
+    """The model runner's patches (engine_mm_*.py), each on its own: one that fails is logged
+    and leaves vLLM's code, and the encoder override, as they are."""
+    on_cpu = current_platform.is_cpu()
+    for name, install in (
+        (
+            "GEMMA4_ENGINE_ASYNC_RANGES",
+            lambda: engine_mm_ranges.install(settings.engine_async_ranges),
+        ),
+        (
+            "GEMMA4_ENGINE_GPU_BATCHING",
+            lambda: engine_mm_batching.install(settings.engine_gpu_batching, on_cpu),
+        ),
+    ):
+        try:
+            install()
+        except Exception:
+            logger.warning("gemma4_batched_encoder: %s not applied", name, exc_info=True)
+
+
 class Gemma4ForConditionalGeneration(_Upstream):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -72,8 +92,7 @@ class Gemma4ForConditionalGeneration(_Upstream):
             settings = Settings.from_env()
             # Only the engine core (one GPU) or the workers build the model; API servers don't.
             set_engine_torch_threads(settings.engine_torch_threads, current_platform.is_cpu())
-            engine_mm_ranges.install(settings.engine_async_ranges)
-            engine_mm_batching.install(settings.engine_gpu_batching, current_platform.is_cpu())
+            _engine_patches(settings)
             active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
         except Exception:
