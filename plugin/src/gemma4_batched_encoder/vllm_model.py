@@ -62,18 +62,17 @@ def _engine_patches(settings: Settings) -> None:
     """The model runner's patches (engine_mm_*.py), each on its own: one that fails is logged
     and leaves vLLM's code, and the encoder override, as they are."""
     on_cpu = current_platform.is_cpu()
-    for name, install in (
-        (
-            "GEMMA4_ENGINE_ASYNC_RANGES",
-            lambda: engine_mm_ranges.install(settings.engine_async_ranges),
-        ),
+    patches = (
+        ("GEMMA4_ENGINE_ASYNC_RANGES", engine_mm_ranges.install, (settings.engine_async_ranges,)),
         (
             "GEMMA4_ENGINE_GPU_BATCHING",
-            lambda: engine_mm_batching.install(settings.engine_gpu_batching, on_cpu),
+            engine_mm_batching.install,
+            (settings.engine_gpu_batching, on_cpu),
         ),
-    ):
+    )
+    for name, install, args in patches:
         try:
-            install()
+            install(*args)
         except Exception:
             logger.warning("gemma4_batched_encoder: %s not applied", name, exc_info=True)
 
