@@ -132,10 +132,14 @@ graphs)
   done
   GEMMA4_ENCODER_FUSED=on logged verify-fast python3 -m gemma4_batched_encoder.verify $E \
     --mode fast --videos 1,16 --images 4
-  logged encoder-bench python3 -m gemma4_batched_encoder.bench $E --videos 1,16 --warmup 3 \
-    --repeats 10 --methods exact-fused,fast
+  # bench prints its table to stdout and writes JSON only with --out (tenth sitting: the table
+  # went into encoder-bench.json)
+  python3 -m gemma4_batched_encoder.bench $E --videos 1,16 --warmup 3 --repeats 10 \
+    --methods exact-fused,fast --out "$OUT/encoder-bench.json" >"$OUT/encoder-bench-table.txt" \
+    2>/tmp/encoder-bench.log || echo "encoder bench: exit $?"
   grep -h -A25 -m1 "capture failed" /tmp/verify-*.log /tmp/encoder-bench.log >"$OUT/capture-failures.txt" || true
-  tail -n 12 /tmp/encoder-bench.log
+  echo "encoder bench: $(grep -c 'capture failed' /tmp/encoder-bench.log) failed captures"
+  cat "$OUT/encoder-bench-table.txt"
   ;;
 host)
   cd "$REPO"
