@@ -13,6 +13,11 @@ calls, vLLM's queue, prefill and TTFT; the media stages' split into on a CPU, wa
 CPU and blocked); stages a server does not export are left out.
 
     python bench/ttft_gap.py --between before.txt after.txt   # the same breakdown, saved scrapes
+
+What compiled while it ran (same host as the server): `--watch-dir ~/.triton/cache --watch-dir
+/tmp/torchinductor_$USER` records, per phase, the files that appeared in those compile caches, so
+a stall at a batch mix the server had not run before (a Triton kernel specialised anew at serving
+time) shows up with the kernel's name.
 """
 
 from __future__ import annotations
@@ -92,6 +97,30 @@ def breakdown(before: Sums, after: Sums) -> dict[str, dict[str, float]]:
     return out
 
 
+# A compiled kernel's file in Triton's cache (.cubin) or Inductor's (.py: its generated code).
+KERNEL_SUFFIXES = (".cubin", ".hsaco", ".py")
+
+
+class CompileWatch:
+    """Files that appear in the watched compile caches between one `mark` and the next."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+        self.phases: dict[str, dict] = {}
+        self._seen = self._files()
+
+    def _files(self) -> set[Path]:
+        return {p for d in self.dirs if d.is_dir() for p in d.rglob("*") if p.is_file()}
+
+    def mark(self, phase: str) -> None:
+        now = self._files()
+        new = now - self._seen
+        self._seen = now
+        if new:
+            kernels = sorted({p.stem for p in new if p.suffix in KERNEL_SUFFIXES})
+            self.phases[phase] = {"new_files": len(new), "kernels": kernels}
+
+
 async def scrape(client: httpx.AsyncClient, target: str) -> Sums:
     resp = await client.get(target.rstrip("/") + "/metrics")
     resp.raise_for_status()
@@ -140,6 +169,7 @@ async def run(args: argparse.Namespace) -> dict:
     url = args.target.rstrip("/") + "/v1/chat/completions"
     text = " ".join(f"w{i % 2000}" for i in range(args.text_words))
     results: dict = {"target": args.target, "model": args.model, "n": args.n}
+    watch = CompileWatch(args.watch_dir)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         n_videos = 3 + args.n + sum(args.burst) * 2
@@ -152,12 +182,15 @@ async def run(args: argparse.Namespace) -> dict:
             for _ in range(3):  # warm-up
                 await ttft(client, url, _body(args.model, text))
                 await ttft(client, url, _body(args.model, video_content.pop()))
+            watch.mark("warm-up")
             text_ms = [await ttft(client, url, _body(args.model, text)) for _ in range(args.n)]
+            watch.mark("text, one at a time")
             before = await scrape(client, args.target)
             video_ms = [
                 await ttft(client, url, _body(args.model, video_content.pop()))
                 for _ in range(args.n)
             ]
+            watch.mark("video, one at a time")
             results["video_stages"] = breakdown(before, await scrape(client, args.target))
             results["text_ttft_ms"] = {"p50": statistics.median(text_ms), "all": text_ms}
             results["video_ttft_ms"] = {"p50": statistics.median(video_ms), "all": video_ms}
@@ -166,12 +199,13 @@ async def run(args: argparse.Namespace) -> dict:
             )
             for k in args.burst:
                 spreads = []
-                for _ in range(2):  # the second burst is warm
+                for which in ("first", "second"):  # the second burst is warm
                     bodies = [_body(args.model, video_content.pop()) for _ in range(k)]
                     before = await scrape(client, args.target)
                     spreads.append(
                         sorted(await asyncio.gather(*(ttft(client, url, b) for b in bodies)))
                     )
+                    watch.mark(f"{k} videos at once, {which} burst")
                     stages = breakdown(before, await scrape(client, args.target))
                 results[f"burst_{k}_ttft_ms"] = {
                     "min": spreads[-1][0],
@@ -180,6 +214,7 @@ async def run(args: argparse.Namespace) -> dict:
                     "all_warm": spreads[-1],
                     "stages_warm": stages,
                 }
+    results["compiled"] = watch.phases if args.watch_dir else None
     return results
 
 
@@ -198,6 +233,13 @@ def main() -> None:
     parser.add_argument("--text-words", type=int, default=480)
     parser.add_argument("--burst", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument(
+        "--watch-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="a compile cache to watch (Triton's, Inductor's); repeatable",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.between:
@@ -221,6 +263,8 @@ def main() -> None:
     ]
     for phase, stages in phases:
         print(f"  {phase}: " + ", ".join(f"{k} {v['mean_ms']:.1f}" for k, v in stages.items()))
+    for phase, new in (results["compiled"] or {}).items():
+        print(f"  compiled during {phase}: {new['new_files']} files, kernels {new['kernels']}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

@@ -158,6 +158,8 @@ serve)
     export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port"
     export VLLM_LAUNCHER="${VLLM_LAUNCHER:-python3 -m vllm.entrypoints.cli.main serve}"
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
+    # dynamo names any recompile at serving time in the server log (a stall's other suspect)
+    export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
     load=""
     compgen -G "$MODEL_DIR/*.safetensors" >/dev/null || load="--load-format dummy"
     export VLLM_EXTRA_ARGS="$load --served-model-name $SERVED --max-model-len 8192 ${EXTRA_ARGS:-}"
@@ -188,8 +190,11 @@ measure)
   if [[ -z "${SWEEP_ONLY:-}" ]]; then
     python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
       --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
+    # --watch-dir: which kernels compile during each phase (the ~1 s burst stalls of the ninth
+    # and tenth sittings; tenth sitting's NOTES, section 3)
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-      --burst 8,16 --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
+      --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
+      --watch-dir "$HOME/.cache/vllm" --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
   fi
   if [[ -n "${SWEEP_ONLY:-}" ]]; then
     # A fresh server captures its encoder CUDA graphs (one per batch bucket) on first use: warm
