@@ -168,6 +168,13 @@ VALUES = obj(
                     "description": "--api-server-count; null = vLLM's default",
                 },
                 "apiKey": ref("secretRef"),
+                "pluginEnv": {
+                    "type": "object",
+                    "propertyNames": {"pattern": "^GEMMA4_[A-Z0-9_]+$"},
+                    "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+                    "description": "The plugin's switches (GEMMA4_*), one env var each; "
+                    "rendered as strings, null drops a default",
+                },
                 "extraEnv": ref("envList"),
                 "shmSizeLimit": ref("quantity"),
                 "preStopSleepSeconds": integer("preStop sleep (s); 0 = none"),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 import media
 
 pytestmark = pytest.mark.e2e
 
 OUTPUT_TOKENS = 10
+CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gemma4-serving" / "values.yaml"
 
 
 def chat(server, content, **extra) -> httpx.Response:
@@ -105,9 +108,15 @@ def test_prometheus_scrapes_the_server(vllm_server, prometheus):
 
 
 def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
-    """The chart's topology (server.apiServerCount > 1) serves video, and /metrics sums what the
-    API-server processes preprocessed, whichever of them took each request (multi-process mode)."""
-    server = vllm_server_factory("api-servers-2", args=["--api-server-count", "2"])
+    """The chart's topology (server.apiServerCount > 1, the chart's server.pluginEnv) serves
+    video, and /metrics sums what the API-server processes preprocessed, whichever of them took
+    each request (multi-process mode)."""
+    plugin_env = yaml.safe_load(CHART_VALUES.read_text())["server"]["pluginEnv"]
+    server = vllm_server_factory(
+        "api-servers-2",
+        env={k: str(v) for k, v in plugin_env.items()},
+        args=["--api-server-count", "2"],
+    )
     n = 4
     for seed in range(n):
         url = media.data_url(
@@ -126,3 +135,5 @@ def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
         r'^vllm:request_success_total\{[^}]*finished_reason="length"[^}]*\} (\S+)$', text, re.M
     )
     assert success and float(success.group(1)) == n
+    # the chart's GEMMA4_MEDIA_UINT8=on (test_manifests pins it) reached both processes
+    assert "uint8 pixel values received" in server.log_path.read_text()

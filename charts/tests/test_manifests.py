@@ -68,6 +68,34 @@ def test_serve_command_env_and_default_args():
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
+def test_plugin_env_defaults_override_and_removal():
+    """server.pluginEnv: the measured switches by default, a --set overrides one (numbers become
+    strings), null drops one; extraEnv comes after them."""
+    env = env_of(deployment_container(render("default")))
+    plugin = {k: v["value"] for k, v in env.items() if k.startswith("GEMMA4_")}
+    assert plugin == {
+        "GEMMA4_ENGINE_GPU_BATCHING": "1",
+        "GEMMA4_MEDIA_UINT8": "on",
+        "GEMMA4_MEDIA_FRAME_THREADS": "2",
+    }
+    container = deployment_container(
+        render(
+            "default",
+            sets=(
+                "server.pluginEnv.GEMMA4_MEDIA_FRAME_THREADS=4",
+                "server.pluginEnv.GEMMA4_MEDIA_UINT8=null",
+                "server.extraEnv[0].name=EXTRA",
+                "server.extraEnv[0].value=x",
+            ),
+        )
+    )
+    names = [e["name"] for e in container["env"]]
+    env = env_of(container)
+    assert env["GEMMA4_MEDIA_FRAME_THREADS"]["value"] == "4"
+    assert "GEMMA4_MEDIA_UINT8" not in env
+    assert names.index("EXTRA") > names.index("GEMMA4_MEDIA_FRAME_THREADS")
+
+
 def test_extra_args_and_api_server_count():
     container = deployment_container(render("autoscaling-multi-replica"))
     assert container["args"] == ["--api-server-count", "2", "--max-num-seqs", "64"]

@@ -166,6 +166,7 @@ BAD_VALUES = [
     ),
     ("loadtest.job.activeDeadlineSeconds=5", "/loadtest/job/activeDeadlineSeconds", "minimum"),
     ("loadtest.extraBody=5", "/loadtest/extraBody", "got number, want object"),
+    ("server.pluginEnv.GEMMA4_X={a}", "/server/pluginEnv/GEMMA4_X", "got array"),
     (
         "modelCache.accessModes={ReadWriteSometimes}",
         "/modelCache/accessModes/0",
@@ -181,6 +182,15 @@ def test_bad_values_rejected_with_readable_error(setting, path, message):
     err = proc.stderr
     assert "values don't meet the specifications of the schema" in err
     assert f"at '{path}'" in err and message in err, err
+
+
+def test_plugin_env_takes_only_the_plugins_variables():
+    """server.pluginEnv is for GEMMA4_* switches; anything else belongs in server.extraEnv."""
+    proc = helm(
+        "template", RELEASE, str(CHART), "--set", "server.pluginEnv.HF_TOKEN=x", check=False
+    )
+    assert proc.returncode != 0, "a non-plugin variable was accepted"
+    assert "'HF_TOKEN' does not match pattern '^GEMMA4_[A-Z0-9_]+$'" in proc.stderr, proc.stderr
 
 
 CROSS_FIELD = [
