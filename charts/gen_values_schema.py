@@ -175,6 +175,13 @@ VALUES = obj(
                     "description": "The plugin's switches (GEMMA4_*), one env var each; "
                     "rendered as strings, null drops a default",
                 },
+                "warmup": obj(
+                    {
+                        "enabled": boolean("Warm up before Ready (startup probe waits for it)"),
+                        "args": string("Options of python -m gemma4_batched_encoder.warmup"),
+                    },
+                    required=["enabled"],
+                ),
                 "extraEnv": ref("envList"),
                 "shmSizeLimit": ref("quantity"),
                 "preStopSleepSeconds": integer("preStop sleep (s); 0 = none"),

@@ -11,6 +11,11 @@
 #                     needs "python -m vllm.entrypoints.openai.api_server", see README)
 #   PROMETHEUS_MULTIPROC_DIR  metrics directory; wiped at start (default /tmp/vllm-metrics)
 #   VLLM_MAX_IMAGE_PIXELS     largest image/frame accepted   (default 16777216 = 4096x4096)
+#   GEMMA4_WARMUP     1: once /health answers, send media warm-up traffic
+#                     (python -m gemma4_batched_encoder.warmup $GEMMA4_WARMUP_ARGS), then write
+#                     GEMMA4_WARMUP_DONE_FILE (the chart's startup probe waits for it); vLLM
+#                     then runs as this script's child, which passes SIGTERM/SIGINT on
+#   GEMMA4_WARMUP_PYTHON      the Python that runs it    (default python3)
 # Arguments given to the script are appended last, so any default flag can be overridden.
 set -euo pipefail
 
@@ -47,6 +52,43 @@ mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 export VLLM_MAX_IMAGE_PIXELS="${VLLM_MAX_IMAGE_PIXELS:-16777216}"
 
 read -r -a LAUNCHER <<<"$VLLM_LAUNCHER"
-set -x
-exec "${LAUNCHER[@]}" --model "$MODEL" --host "$HOST" --port "$PORT" \
-  "${DEFAULT_FLAGS[@]}" "${EXTRA_FLAGS[@]}" "$@"
+SERVE=("${LAUNCHER[@]}" --model "$MODEL" --host "$HOST" --port "$PORT"
+  "${DEFAULT_FLAGS[@]}" "${EXTRA_FLAGS[@]}" "$@")
+if [[ "${GEMMA4_WARMUP:-0}" != 1 ]]; then
+  set -x
+  exec "${SERVE[@]}"
+fi
+
+# Warm-up: the pod turns Ready only after first-time work (kernels compiled for new batch mixes,
+# bench/results/h200/vllm-0.20.0-10-engine/NOTES.md) has happened on synthetic requests. A
+# failed warm-up is logged and the server serves anyway: it only costs the first users' latency.
+DONE_FILE="${GEMMA4_WARMUP_DONE_FILE:-/tmp/gemma4-warmup-done}"
+rm -f "$DONE_FILE" # an emptyDir outlives a container restart: never trust an old one
+read -r -a WARMUP_ARGS <<<"${GEMMA4_WARMUP_ARGS:-}"
+(
+  set -x
+  exec "${SERVE[@]}"
+) &
+server=$!
+# TERM for INT too: a background job of a non-interactive shell starts with SIGINT ignored.
+trap 'kill -TERM "$server" 2>/dev/null || true' TERM INT
+(
+  py=""
+  trap 'kill -TERM "$py" 2>/dev/null || true; exit 143' TERM # the server stopped first
+  "${GEMMA4_WARMUP_PYTHON:-python3}" -m gemma4_batched_encoder.warmup \
+    --target "http://127.0.0.1:$PORT" "${WARMUP_ARGS[@]}" &
+  py=$!
+  rc=0
+  wait "$py" || rc=$?
+  if ((rc != 0)); then echo "gemma4 warm-up: exit $rc; serving without it" >&2; fi
+  mkdir -p "$(dirname "$DONE_FILE")"
+  touch "$DONE_FILE"
+) &
+warmup=$!
+status=0
+while kill -0 "$server" 2>/dev/null; do # a zombie still answers: the last wait reaps it
+  status=0
+  wait "$server" || status=$? # returns early (>128) when a trapped signal arrives
+done
+kill "$warmup" 2>/dev/null || true
+exit "$status"

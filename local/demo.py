@@ -85,10 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.out)
     workdir = args.out / "stack"
     t0 = time.monotonic()
-    print("[1/4] starting vLLM (CPU, tiny random-weight Gemma 4, plugin) and Prometheus ...")
+    warmup = bool(stack.chart_warmup_env())
+    with_warmup = ", the chart's warm-up" if warmup else ""
+    what = f"CPU, tiny random-weight Gemma 4, plugin{with_warmup}"
+    print(f"[1/4] starting vLLM ({what}) and Prometheus ...")
     with stack.running_stack(workdir) as (server, prom):
         assert prom is not None
-        print(f"      vLLM {server.base_url} up after {time.monotonic() - t0:.0f} s; "
+        ready = "warmed up" if warmup else "up"
+        print(f"      vLLM {server.base_url} {ready} after {time.monotonic() - t0:.0f} s; "
               f"Prometheus {prom.url}; logs in {workdir}")  # fmt: skip
         print("[2/4] smoke requests")
         smoke(server)

@@ -118,6 +118,17 @@ class Process:
         self.stop()
         raise TimeoutError(f"{self.name}: {url} not ready after {timeout:.0f} s\n{self.log_tail()}")
 
+    def wait_for_file(self, path: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited before {path} appeared:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.name}: no {path} after {timeout:.0f} s\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the whole process group (vLLM's engine core included), then SIGKILL."""
         if self.popen is None:
@@ -162,6 +173,10 @@ class VllmServer:
     def metrics_dir(self) -> Path:
         return self.workdir / "prometheus-multiproc"
 
+    @property
+    def warmup_done_file(self) -> Path:
+        return self.workdir / "warmup-done"
+
     def start(self, timeout: float = 300.0) -> VllmServer:
         env = {
             **os.environ,
@@ -181,11 +196,17 @@ class VllmServer:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_LOGGING_LEVEL": "INFO",
+            # the entrypoint's warm-up (GEMMA4_WARMUP=1) runs in this Python, as python3 does
+            # in the image
+            "GEMMA4_WARMUP_PYTHON": sys.executable,
+            "GEMMA4_WARMUP_DONE_FILE": str(self.warmup_done_file),
             **self.extra_env,
         }
         self.process = Process("vllm", [str(ENTRYPOINT)], env, self.log_path)
         self.process.start()
         self.process.wait_until(f"{self.url}/health", timeout)
+        if env.get("GEMMA4_WARMUP") == "1":  # what the chart's startup probe waits for
+            self.process.wait_for_file(Path(env["GEMMA4_WARMUP_DONE_FILE"]), timeout)
         return self
 
     def stop(self) -> None:
@@ -207,6 +228,24 @@ def chart_scrape_settings() -> dict[str, str]:
         "interval": metrics["serviceMonitor"]["interval"],
         "scrapeTimeout": metrics["serviceMonitor"]["scrapeTimeout"],
     }
+
+
+def chart_plugin_env() -> dict[str, str]:
+    """The chart's server.pluginEnv (the plugin switches its Deployment sets), as env vars."""
+    import yaml
+
+    plugin_env = (yaml.safe_load(CHART_VALUES.read_text()) or {})["server"]["pluginEnv"] or {}
+    return {name: str(value) for name, value in plugin_env.items() if value is not None}
+
+
+def chart_warmup_env() -> dict[str, str]:
+    """The chart's server.warmup as the entrypoint's env (empty when it is off)."""
+    import yaml
+
+    warmup = (yaml.safe_load(CHART_VALUES.read_text()) or {})["server"]["warmup"]
+    if not warmup.get("enabled"):
+        return {}
+    return {"GEMMA4_WARMUP": "1", "GEMMA4_WARMUP_ARGS": warmup.get("args", "")}
 
 
 @dataclass
@@ -323,9 +362,14 @@ def ensure_model(
 def running_stack(
     workdir: Path | None = None, prometheus: bool = True, scrape_interval: str | None = None
 ) -> Iterator[tuple[VllmServer, PrometheusServer | None]]:
-    """vLLM (+ Prometheus) for the duration of a with-block; always torn down."""
+    """vLLM with the chart's plugin switches and warm-up (+ Prometheus) for the duration of a
+    with-block; always torn down."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="gemma4-stack-"))
-    server = VllmServer(model_path=ensure_model(), workdir=workdir)
+    server = VllmServer(
+        model_path=ensure_model(),
+        workdir=workdir,
+        extra_env={**chart_plugin_env(), **chart_warmup_env()},
+    )
     prom: PrometheusServer | None = None
     try:
         server.start()

@@ -10,6 +10,8 @@
 #   bench/gpu/h200.sh graphs                the encoder's CUDA graphs: verify fused (padded + unpadded
 #                                           frames), unfused unpadded, fast; exact-fused vs fast timings
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
+#                                           (GEMMA4_WARMUP=1: the entrypoint's warm-up, as the chart;
+#                                           `wait` then waits for it too)
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #                                           (servers sharing the GPU: start the next only after
 #                                           the last has sized its KV cache; one profiling while
@@ -158,6 +160,9 @@ serve)
     export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port"
     export VLLM_LAUNCHER="${VLLM_LAUNCHER:-python3 -m vllm.entrypoints.cli.main serve}"
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
+    export GEMMA4_WARMUP_DONE_FILE="/tmp/warmup-$port.done" GEMMA4_WARMUP_PYTHON=python3
+    rm -f "/tmp/warmup-$port.expected"
+    if [[ "${GEMMA4_WARMUP:-0}" == 1 ]]; then touch "/tmp/warmup-$port.expected"; fi
     # dynamo names any recompile at serving time in the server log (a stall's other suspect)
     export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
     load=""
@@ -171,6 +176,10 @@ serve)
 wait)
   for port in "$@"; do
     wait_for "$port" "healthy" 420 curl -sf "http://127.0.0.1:$port/health"
+    # started with GEMMA4_WARMUP=1: also its warm-up, as the chart's startup probe does
+    if [[ -e "/tmp/warmup-$port.expected" ]]; then
+      wait_for "$port" "warmed up" 300 test -f "/tmp/warmup-$port.done"
+    fi
   done
   ;;
 wait-kv)

@@ -98,6 +98,8 @@ def test_serving_container_runs_the_blog_command(tmp_path):
             if "value" in e:
                 env[e["name"]] = e["value"]
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics" / "multiproc")
+        if "GEMMA4_WARMUP_DONE_FILE" in env:  # the chart's warm-up: its file under tmp_path
+            env["GEMMA4_WARMUP_DONE_FILE"] = str(tmp_path / "warmup-done")
         env["VLLM_LAUNCHER"] = f"{launcher} serve"
         proc = subprocess.run(
             ["bash", str(entrypoint), *container.get("args", [])],

@@ -20,6 +20,8 @@ from chartlib import (
     render,
 )
 
+import stack
+
 SELECTOR = {
     "app.kubernetes.io/name": "gemma4-serving",
     "app.kubernetes.io/instance": RELEASE,
@@ -72,12 +74,17 @@ def test_plugin_env_defaults_override_and_removal():
     """server.pluginEnv: the measured switches by default, a --set overrides one (numbers become
     strings), null drops one; extraEnv comes after them."""
     env = env_of(deployment_container(render("default")))
-    plugin = {k: v["value"] for k, v in env.items() if k.startswith("GEMMA4_")}
+    plugin = {
+        k: v["value"]
+        for k, v in env.items()
+        if k.startswith("GEMMA4_") and not k.startswith("GEMMA4_WARMUP")  # server.warmup's
+    }
     assert plugin == {
         "GEMMA4_ENGINE_GPU_BATCHING": "1",
         "GEMMA4_MEDIA_UINT8": "on",
         "GEMMA4_MEDIA_FRAME_THREADS": "2",
     }
+    assert plugin == stack.chart_plugin_env()  # what `make demo` serves with
     container = deployment_container(
         render(
             "default",
@@ -116,13 +123,30 @@ def test_flag_override_is_appended_verbatim():
 
 def test_probes():
     container = deployment_container(render("default"))
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
     startup = container["startupProbe"]
-    # weights download + load + compile warm-up: at least 20 minutes before giving up
+    # weights download + load + compile warm-up + media warm-up: at least 20 minutes
     budget = startup["initialDelaySeconds"] + startup["periodSeconds"] * startup["failureThreshold"]
     assert budget >= 1200
     assert container["livenessProbe"]["failureThreshold"] >= 3
+
+
+def test_warmup_gates_startup_and_can_be_turned_off():
+    """server.warmup: the entrypoint's warm-up env, and the startup probe waits for its done
+    file on the /tmp emptyDir; off, the startup probe is /health and nothing is set."""
+    container = deployment_container(render("default"))
+    env = env_of(container)
+    assert env["GEMMA4_WARMUP"]["value"] == "1"
+    assert env["GEMMA4_WARMUP_ARGS"]["value"] == "--bursts 1,2,16 --video-frames 6"
+    done = env["GEMMA4_WARMUP_DONE_FILE"]["value"]
+    assert container["startupProbe"]["exec"] == {"command": ["test", "-f", done]}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert done.startswith("/tmp/") and "/tmp" in mounts  # writable under readOnlyRootFilesystem
+
+    off = deployment_container(render("default", sets=("server.warmup.enabled=false",)))
+    assert off["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert not any(e["name"].startswith("GEMMA4_WARMUP") for e in off["env"])
 
 
 def test_volumes_shm_metrics_and_cache():

@@ -116,3 +116,8 @@ files next to them have `rule_files:`/`tests:` instead and are skipped). Returns
 {{- define "gemma4-serving.serviceURL" -}}
 {{- printf "http://%s.%s.svc:%d" (include "gemma4-serving.fullname" .) .Release.Namespace (int .Values.service.port) }}
 {{- end }}
+
+{{/* The warm-up's done file: on the /tmp emptyDir (the entrypoint removes a stale one at start). */}}
+{{- define "gemma4-serving.warmupDoneFile" -}}
+/tmp/gemma4-warmup-done
+{{- end -}}

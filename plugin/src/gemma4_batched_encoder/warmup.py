@@ -1,0 +1,225 @@
+"""``python -m gemma4_batched_encoder.warmup``: media traffic against a fresh server before it
+takes real requests, so first-time work happens here and not in a user's request.
+
+What a fresh vLLM does the first time it meets a batch mix, beyond its own start-up warm-up
+(which runs text-only dummy batches): vLLM 0.20's Triton attention kernel takes the step's
+image ranges as a constexpr and specialises its `num_seqs` argument on "== 1" / "divisible by
+16" / other, so the first step with image ranges and 2+ sequences, and the first with 16, each
+compile new kernels. On the H200 each server had one burst in which every request waited
+~0.7-1 s with the encoder idle (bench/results/h200/vllm-0.20.0-10-engine/NOTES.md, section 3).
+So the warm-up sends, in order: one text request, one image, then for each burst size k, k
+videos at once (default 1, 2 and 16: the three classes), each with the frame count real
+traffic uses (the ranges' count is the frames'). Unique pixels per request; 10 output tokens.
+
+Exits 0 when every request got a 200, 1 otherwise (the server answered but refused something:
+its reasons are printed), 2 when the server did not come up in --wait seconds. Prints one JSON
+line with each phase's wall time. The image's entrypoint runs it before the pod turns Ready
+when GEMMA4_WARMUP=1 (images/entrypoint.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUTPUT_TOKENS = 10
+
+
+def _frame(key: int, t: int, width: int, height: int) -> np.ndarray:
+    """A BGR frame that differs per request and per frame (no cache can answer it)."""
+    rng = np.random.default_rng(key * 1000 + t)
+    return rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+
+
+def mp4_bytes(key: int, frames: int, width: int, height: int, fps: float = 2.0) -> bytes:
+    import cv2  # vLLM's own video dependency
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "warmup.mp4"
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        if not writer.isOpened():
+            raise RuntimeError(f"OpenCV cannot write an mp4 of {width}x{height}")
+        try:
+            for t in range(frames):
+                writer.write(_frame(key, t, width, height))
+        finally:
+            writer.release()
+        return path.read_bytes()
+
+
+def jpeg_bytes(key: int, width: int, height: int) -> bytes:
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", _frame(key, 0, width, height))
+    if not ok:
+        raise RuntimeError(f"OpenCV cannot encode a JPEG of {width}x{height}")
+    return buf.tobytes()
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+class Client:
+    def __init__(self, target: str, api_key: str | None, timeout: float) -> None:
+        self.target = target.rstrip("/")
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.timeout = timeout
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.target + path, headers=self.headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.target + path, data=data, headers=self.headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_healthy(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if self.get("/health")[0] == 200:
+                    return True
+            except OSError:
+                pass
+            time.sleep(1)
+        return False
+
+    def model(self) -> str:
+        status, body = self.get("/v1/models")
+        if status != 200:
+            raise RuntimeError(f"GET /v1/models: {status} {body[:200]!r}")
+        return json.loads(body)["data"][0]["id"]
+
+
+def chat_body(model: str, content: list[dict[str, Any]] | str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": OUTPUT_TOKENS,
+        "min_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+
+
+def phases(args: argparse.Namespace, model: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(name, request bodies sent at once) in order."""
+    key = 0
+
+    def video() -> dict[str, Any]:
+        nonlocal key
+        key += 1
+        url = _data_url("video/mp4", mp4_bytes(key, args.video_frames, args.width, args.height))
+        return chat_body(
+            model,
+            [
+                {"type": "text", "text": "describe"},
+                {"type": "video_url", "video_url": {"url": url}},
+            ],
+        )
+
+    image_url = _data_url("image/jpeg", jpeg_bytes(0, args.width, args.height))
+    out: list[tuple[str, list[dict[str, Any]]]] = [
+        ("text", [chat_body(model, "warm up " * 100)]),
+        (
+            "image",
+            [
+                chat_body(
+                    model,
+                    [
+                        {"type": "text", "text": "describe"},
+                        {"type": "image_url", "image_url": {"url": image_url}},
+                    ],
+                )
+            ],
+        ),
+    ]
+    for k in args.bursts:
+        out.append((f"{k} video{'s' if k > 1 else ''} at once", [video() for _ in range(k)]))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    client = Client(args.target, args.api_key, args.timeout)
+    if not client.wait_healthy(args.wait):
+        print(f"warmup: {args.target} not healthy after {args.wait:.0f} s", file=sys.stderr)
+        return 2
+    model = args.model or client.model()
+    report: dict[str, Any] = {"target": args.target, "model": model, "phases": []}
+    failures: list[str] = []
+    for name, bodies in phases(args, model):
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+            results = list(pool.map(lambda b: client.post("/v1/chat/completions", b), bodies))
+        seconds = time.monotonic() - t0
+        bad = [f"{name}: {status} {body[:300]!r}" for status, body in results if status != 200]
+        failures += bad
+        report["phases"].append(
+            {
+                "phase": name,
+                "requests": len(bodies),
+                "seconds": round(seconds, 3),
+                "failed": len(bad),
+            }
+        )
+    report["ok"] = not failures
+    print(json.dumps(report), flush=True)
+    for line in failures:
+        print(f"warmup: {line}", file=sys.stderr)
+    return 0 if not failures else 1
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,16, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
+    parser.add_argument("--model", help="served model name (default: the server's first)")
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None)
+    parser.add_argument(
+        "--bursts", type=_int_list, default=[1, 2, 16], help="videos at once, per phase"
+    )
+    parser.add_argument(
+        "--video-frames", type=int, default=6, help="frames per video (real traffic's)"
+    )
+    parser.add_argument("--width", type=int, default=854)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--wait", type=float, default=1800.0, help="seconds to wait for /health")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    args = parser.parse_args(argv)
+    if args.video_frames < 1 or args.width < 16 or args.height < 16:
+        parser.error("--video-frames must be >= 1 and --width/--height >= 16")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

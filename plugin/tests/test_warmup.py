@@ -1,0 +1,73 @@
+"""`python -m gemma4_batched_encoder.warmup` against the real CPU server: every phase's requests
+reach the engine (text, an image, each burst of videos at once), a refused request fails the
+run with the server's reason, and a server that never comes up is reported as such."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import pytest
+
+from gemma4_batched_encoder import warmup
+
+pytestmark = pytest.mark.e2e
+
+SMALL = ["--video-frames", "2", "--width", "160", "--height", "120", "--wait", "60"]
+
+
+def counter_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def test_every_phase_reaches_the_engine(vllm_server, capsys):
+    before = vllm_server.metrics_text()
+    rc = warmup.main(["--target", vllm_server.url, "--bursts", "1,3", *SMALL])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["ok"] and report["model"] == vllm_server.model
+    assert [(p["phase"], p["requests"], p["failed"]) for p in report["phases"]] == [
+        ("text", 1, 0),
+        ("image", 1, 0),
+        ("1 video at once", 1, 0),
+        ("3 videos at once", 3, 0),
+    ]
+    after = vllm_server.metrics_text()
+
+    def delta(name: str, **labels: str) -> float:
+        return counter_sum(after, name, **labels) - counter_sum(before, name, **labels)
+
+    assert delta("vllm:request_success_total") == 6
+    assert delta("gemma4_media_preprocess_seconds_count", stage="video_decode") == 4
+
+
+def test_a_refused_request_fails_the_run_with_the_reason(vllm_server, capsys):
+    rc = warmup.main(
+        ["--target", vllm_server.url, "--model", "no-such-model", "--bursts", "1", *SMALL]
+    )
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert json.loads(captured.out.strip().splitlines()[-1])["ok"] is False
+    assert "warmup: text: 404" in captured.err and "no-such-model" in captured.err
+
+
+def test_a_server_that_never_comes_up(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    rc = warmup.main(["--target", f"http://127.0.0.1:{port}", "--wait", "2"])
+    assert rc == 2
+    assert "not healthy after 2 s" in capsys.readouterr().err
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(SystemExit) as exc:
+        warmup.main(["--bursts", "0,2"])
+    assert exc.value.code == 2
