@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 import media
+import stack
 
 pytestmark = pytest.mark.e2e
 
 OUTPUT_TOKENS = 10
-CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gemma4-serving" / "values.yaml"
 
 
 def chat(server, content, **extra) -> httpx.Response:
@@ -111,11 +109,8 @@ def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
     """The chart's topology (server.apiServerCount > 1, the chart's server.pluginEnv) serves
     video, and /metrics sums what the API-server processes preprocessed, whichever of them took
     each request (multi-process mode)."""
-    plugin_env = yaml.safe_load(CHART_VALUES.read_text())["server"]["pluginEnv"]
     server = vllm_server_factory(
-        "api-servers-2",
-        env={k: str(v) for k, v in plugin_env.items()},
-        args=["--api-server-count", "2"],
+        "api-servers-2", env=stack.chart_plugin_env(), args=["--api-server-count", "2"]
     )
     n = 4
     for seed in range(n):
