@@ -34,6 +34,7 @@ from vllm.v1.metrics.stats import (
 )
 
 from gemma4_batched_encoder import latency_metrics as lm
+from gemma4_batched_encoder import warmup
 
 PLUGIN_SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -157,6 +158,28 @@ def test_finished_request_stats_and_engine_label() -> None:
     logger.log()
     logger.log_engine_initialized()
     logger.record_sleep_state(1, 1)
+
+
+def test_warmup_requests_stay_out_of_the_slo_histogram() -> None:
+    """The start-up warm-up's requests (ids as vLLM builds them from warmup.py's request_id)
+    are not observed as e2e latency; a user's request with any other id is."""
+    reg = CollectorRegistry()
+    logger = lm.Gemma4LatencyStatLogger(_config("m"), engine_indexes=[0], registry=reg)
+    it = IterationStats()
+    for request_id, latency in (
+        (f"chatcmpl-{warmup.REQUEST_TAG}42-7-a1b2", 0.9),
+        ("chatcmpl-3f2a9c", 0.25),
+        (None, 0.1),
+    ):
+        it.finished_requests.append(
+            FinishedRequestStats(
+                finish_reason=FinishReason.LENGTH, request_id=request_id, e2e_latency=latency
+            )
+        )
+    logger.record(None, it, engine_idx=0)
+    labels = {"model_name": "m", "engine": "0"}
+    assert _value(reg, f"{lm.E2E_METRIC}_count", **labels) == 2
+    assert _value(reg, f"{lm.E2E_METRIC}_sum", **labels) == pytest.approx(0.35)
 
 
 def test_per_engine_factory_call_and_old_positional_engine_idx() -> None:

@@ -1,6 +1,7 @@
 """`python -m gemma4_batched_encoder.warmup` against the real CPU server: every phase's requests
-reach the engine (text, an image, each burst of videos at once), a refused request fails the
-run with the server's reason, and a server that never comes up is reported as such."""
+reach the engine (text, an image, each burst of videos at once) and stay out of the SLO
+histogram, a refused request fails the run with the server's reason, and a server that never
+comes up is reported as such."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def test_every_phase_reaches_the_engine(vllm_server, capsys):
 
     assert delta("vllm:request_success_total") == 6
     assert delta("gemma4_media_preprocess_seconds_count", stage="video_decode") == 4
+    # tagged through vLLM's request ids: served, but not users' latency in the SLO histogram
+    assert delta("vllm:e2e_request_latency_seconds_count") == 6
+    assert delta("gemma4_request_e2e_latency_seconds_count") == 0
 
 
 def test_a_refused_request_fails_the_run_with_the_reason(vllm_server, capsys):

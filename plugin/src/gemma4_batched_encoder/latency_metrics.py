@@ -12,7 +12,9 @@ histograms whose buckets resolve 5 ms .. 60 s with boundaries at 0.1, 0.2, 0.25 
 
 All three carry the labels vLLM uses on its own ``vllm:*`` series (``model_name`` = served
 model name, ``engine`` = data-parallel engine index), so the two families join and compare
-1:1: ``gemma4_request_e2e_latency_seconds_count`` equals ``vllm:e2e_request_latency_seconds_count``.
+1:1: ``gemma4_request_e2e_latency_seconds_count`` equals ``vllm:e2e_request_latency_seconds_count``
+less the start-up warm-up's requests (``warmup.REQUEST_TAG`` in their ids), which the SLO
+histogram leaves out. TTFT and ITL observations carry no request id, so those two count them.
 
 vLLM 0.32 also accepts ``--custom-histogram-buckets`` (``ObservabilityConfig``), which can
 re-bucket vLLM's own families; the plugin is still used because (a) it works on the older
@@ -75,6 +77,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+
+from .warmup import REQUEST_TAG as WARMUP_REQUEST_TAG
 
 try:  # vLLM >= 0.10 has the aggregate base; older versions only StatLoggerBase.
     from vllm.v1.metrics.loggers import AggregateStatLoggerBase as _Base
@@ -227,6 +231,8 @@ class Gemma4LatencyStatLogger(_Base):
         _observe_all(itl, getattr(iteration_stats, "inter_token_latencies_iter", ()))
         for finished in getattr(iteration_stats, "finished_requests", ()):
             latency = getattr(finished, "e2e_latency", None)
+            if WARMUP_REQUEST_TAG in (getattr(finished, "request_id", None) or ""):
+                continue  # the start-up warm-up's synthetic requests are not users' latency
             if latency is not None and latency >= 0:
                 e2e.observe(latency)
 

@@ -35,6 +35,11 @@ from typing import Any
 import numpy as np
 
 OUTPUT_TOKENS = 10
+# Every warm-up request's id carries this tag (vLLM names the engine request
+# "chatcmpl-<request_id>..."), so the SLO histogram leaves them out (latency_metrics.py): a cold
+# server's synthetic bursts are not users' latency, and would trip the burn-rate alerts and the
+# SLO autoscaler on every rollout of an idle service.
+REQUEST_TAG = "gemma4-warmup-"
 
 
 def _frame(key: int, t: int, width: int, height: int) -> np.ndarray:
@@ -115,8 +120,14 @@ class Client:
         return json.loads(body)["data"][0]["id"]
 
 
+_sent = 0
+
+
 def chat_body(model: str, content: list[dict[str, Any]] | str) -> dict[str, Any]:
+    global _sent
+    _sent += 1
     return {
+        "request_id": f"{REQUEST_TAG}{os.getpid()}-{_sent}",
         "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": OUTPUT_TOKENS,
