@@ -5,9 +5,11 @@ comes up is reported as such."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import socket
+import threading
 
 import pytest
 
@@ -69,6 +71,40 @@ def test_a_server_that_never_comes_up(capsys):
     rc = warmup.main(["--target", f"http://127.0.0.1:{port}", "--wait", "2"])
     assert rc == 2
     assert "not healthy after 2 s" in capsys.readouterr().err
+
+
+class _HealthyButDropsRequests(http.server.BaseHTTPRequestHandler):
+    """Answers /health and /v1/models, then drops every completion unanswered (a server that
+    dies under the warm-up)."""
+
+    def do_GET(self):
+        body = b'{"data": [{"id": "m"}]}' if self.path == "/v1/models" else b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.close_connection = True  # no status line at all
+
+    def log_message(self, *args):
+        pass
+
+
+def test_requests_left_unanswered_fail_the_run(capsys):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HealthyButDropsRequests)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = f"http://127.0.0.1:{server.server_address[1]}"
+        rc = warmup.main(["--target", target, "--bursts", "2", *SMALL])
+    finally:
+        server.shutdown()
+    captured = capsys.readouterr()
+    assert rc == 1
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert [p["failed"] for p in report["phases"]] == [1, 1, 2]
+    assert "warmup: text: 0 b'no answer:" in captured.err
 
 
 def test_bad_options_are_refused():

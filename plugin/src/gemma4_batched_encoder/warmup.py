@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import json
 import os
 import sys
@@ -86,30 +87,29 @@ class Client:
         self.timeout = timeout
 
     def get(self, path: str) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.target + path, headers=self.headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+        return self._send(urllib.request.Request(self.target + path, headers=self.headers))
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         data = json.dumps(body).encode()
-        req = urllib.request.Request(self.target + path, data=data, headers=self.headers)
+        return self._send(
+            urllib.request.Request(self.target + path, data=data, headers=self.headers)
+        )
+
+    def _send(self, req: urllib.request.Request) -> tuple[int, bytes]:
+        """(HTTP status, body); status 0 when no answer came (refused, reset, timed out)."""
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
+        except OSError as e:  # URLError, a reset connection, a timeout
+            return 0, f"no answer: {e}".encode()
 
     def wait_healthy(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            try:
-                if self.get("/health")[0] == 200:
-                    return True
-            except OSError:
-                pass
+            if self.get("/health")[0] == 200:
+                return True
             time.sleep(1)
         return False
 
@@ -120,14 +120,12 @@ class Client:
         return json.loads(body)["data"][0]["id"]
 
 
-_sent = 0
+_request_numbers = itertools.count(1)
 
 
 def chat_body(model: str, content: list[dict[str, Any]] | str) -> dict[str, Any]:
-    global _sent
-    _sent += 1
     return {
-        "request_id": f"{REQUEST_TAG}{os.getpid()}-{_sent}",
+        "request_id": f"{REQUEST_TAG}{os.getpid()}-{next(_request_numbers)}",
         "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": OUTPUT_TOKENS,
@@ -179,7 +177,11 @@ def run(args: argparse.Namespace) -> int:
     if not client.wait_healthy(args.wait):
         print(f"warmup: {args.target} not healthy after {args.wait:.0f} s", file=sys.stderr)
         return 2
-    model = args.model or client.model()
+    try:
+        model = args.model or client.model()
+    except (RuntimeError, ValueError, LookupError) as e:
+        print(f"warmup: no served model to warm up: {e}", file=sys.stderr)
+        return 1
     report: dict[str, Any] = {"target": args.target, "model": model, "phases": []}
     failures: list[str] = []
     for name, bodies in phases(args, model):
