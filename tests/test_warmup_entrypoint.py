@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-WARMUP_ARGS = "--bursts 1,2 --video-frames 2 --width 160 --height 120"
+WARMUP_ARGS = "--bursts 1,2 --image-bursts 2 --video-frames 2 --width 160 --height 120"
 
 
 def successes(text: str) -> float:
@@ -39,8 +39,8 @@ def test_warmup_gates_the_done_file_and_sigterm_stops_vllm(vllm_server_factory, 
     while done.read_text() if done.exists() else True:  # the stale file is removed at start
         assert time.monotonic() < deadline, server.log_path.read_text()[-3000:]
         time.sleep(0.5)
-    # text, an image, 1 video, 2 videos at once: all served before the file appeared
-    assert successes(server.metrics_text()) == 5
+    # text, an image, 1 video, 2 videos at once, 2 images at once: all served before the file
+    assert successes(server.metrics_text()) == 7
     assert '"ok": true' in server.log_path.read_text()
     resp = httpx.post(
         f"{server.base_url}/chat/completions",

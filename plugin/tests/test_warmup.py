@@ -31,7 +31,9 @@ def counter_sum(text: str, name: str, **labels: str) -> float:
 
 def test_every_phase_reaches_the_engine(vllm_server, capsys):
     before = vllm_server.metrics_text()
-    rc = warmup.main(["--target", vllm_server.url, "--bursts", "1,3", *SMALL])
+    rc = warmup.main(
+        ["--target", vllm_server.url, "--bursts", "1,3", "--image-bursts", "2", *SMALL]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     report = json.loads(out.strip().splitlines()[-1])
@@ -41,16 +43,17 @@ def test_every_phase_reaches_the_engine(vllm_server, capsys):
         ("image", 1, 0),
         ("1 video at once", 1, 0),
         ("3 videos at once", 3, 0),
+        ("2 images at once", 2, 0),
     ]
     after = vllm_server.metrics_text()
 
     def delta(name: str, **labels: str) -> float:
         return counter_sum(after, name, **labels) - counter_sum(before, name, **labels)
 
-    assert delta("vllm:request_success_total") == 6
+    assert delta("vllm:request_success_total") == 8
     assert delta("gemma4_media_preprocess_seconds_count", stage="video_decode") == 4
     # tagged through vLLM's request ids: served, but not users' latency in the SLO histogram
-    assert delta("vllm:e2e_request_latency_seconds_count") == 6
+    assert delta("vllm:e2e_request_latency_seconds_count") == 8
     assert delta("gemma4_request_e2e_latency_seconds_count") == 0
 
 
@@ -97,7 +100,7 @@ def test_requests_left_unanswered_fail_the_run(capsys):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         target = f"http://127.0.0.1:{server.server_address[1]}"
-        rc = warmup.main(["--target", target, "--bursts", "2", *SMALL])
+        rc = warmup.main(["--target", target, "--bursts", "2", "--image-bursts", "none", *SMALL])
     finally:
         server.shutdown()
     captured = capsys.readouterr()

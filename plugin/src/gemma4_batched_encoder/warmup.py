@@ -9,7 +9,8 @@ compile new kernels. On the H200 each server had one burst in which every reques
 ~0.7-1 s with the encoder idle (bench/results/h200/vllm-0.20.0-10-engine/NOTES.md, section 3).
 So the warm-up sends, in order: one text request, one image, then for each burst size k, k
 videos at once (default 1, 2 and 16: the three classes), each with the frame count real
-traffic uses (the ranges' count is the frames'). Unique pixels per request; 10 output tokens.
+traffic uses (the ranges' count is the frames'), then images at once (default 2 and 16: an
+image is one range, another constexpr value). Unique pixels per request; 10 output tokens.
 
 Exits 0 when every request got a 200, 1 otherwise (the server answered but refused something:
 its reasons are printed), 2 when the server did not come up in --wait seconds. Prints one JSON
@@ -151,24 +152,26 @@ def phases(args: argparse.Namespace, model: str) -> list[tuple[str, list[dict[st
             ],
         )
 
-    image_url = _data_url("image/jpeg", jpeg_bytes(0, args.width, args.height))
+    def image() -> dict[str, Any]:
+        nonlocal key
+        key += 1
+        url = _data_url("image/jpeg", jpeg_bytes(key, args.width, args.height))
+        return chat_body(
+            model,
+            [
+                {"type": "text", "text": "describe"},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        )
+
     out: list[tuple[str, list[dict[str, Any]]]] = [
         ("text", [chat_body(model, "warm up " * 100)]),
-        (
-            "image",
-            [
-                chat_body(
-                    model,
-                    [
-                        {"type": "text", "text": "describe"},
-                        {"type": "image_url", "image_url": {"url": image_url}},
-                    ],
-                )
-            ],
-        ),
+        ("image", [image()]),
     ]
     for k in args.bursts:
         out.append((f"{k} video{'s' if k > 1 else ''} at once", [video() for _ in range(k)]))
+    for k in args.image_bursts:
+        out.append((f"{k} image{'s' if k > 1 else ''} at once", [image() for _ in range(k)]))
     return out
 
 
@@ -213,6 +216,10 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _int_list_or_none(text: str) -> list[int]:
+    return [] if text.strip().lower() == "none" else _int_list(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=f"http://127.0.0.1:{os.environ.get('PORT', '8000')}")
@@ -220,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None)
     parser.add_argument(
         "--bursts", type=_int_list, default=[1, 2, 16], help="videos at once, per phase"
+    )
+    parser.add_argument(
+        "--image-bursts",
+        type=_int_list_or_none,
+        default=[2, 16],
+        help="images at once, per phase, after the videos ('none': no image bursts)",
     )
     parser.add_argument(
         "--video-frames", type=int, default=6, help="frames per video (real traffic's)"
