@@ -24,6 +24,9 @@ API-server ("frontend") processes, so only there does it patch anything:
   same frames, less time and CPU);
 - with the fast path on, on vLLM before 0.27, a video's cache key is hashed from its container
   bytes instead of its decoded frames (`source_key`: same tensors, 1-2 ms less per video);
+- with the fast path on, on vLLM 0.27+, the OpenCV loader's frame-count check (an end-of-stream
+  seek that decodes a short clip once more) runs on a second capture beside the frame decode
+  (`count_check`: same frames and metadata, less decode wall time, same CPU time);
 - with the fast path and `GEMMA4_MEDIA_UINT8=on` (default off), pixel values leave as the uint8
   patches and the plugin's model class rescales them on the device with stock's arithmetic
   (`..pixels`: same tensors reach the encoder, a quarter of the bytes to serialise and copy);
@@ -39,7 +42,8 @@ vllm/multimodal/video.py before 0.27) and
 the last three for timing only; `gemma4_mm.PILImage` (see `frames`);
 `OpenCVVideoBackendMixin.open_video_capture` (see `decode`); transformers
 `Gemma4Processor.__call__` (see `frame_call`); vLLM `MultiModalHasher.serialize_item` and
-`VideoMediaIO.load_bytes` before 0.27 (see `source_key`).
+`VideoMediaIO.load_bytes` before 0.27 (see `source_key`); `video_decoders.opencv.decode_opencv`
+(see `count_check`).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..vllm_modules import VIDEO_IO_MODULES, first_attr
-from . import decode, frame_call, frames, source_key, stages
+from . import count_check, decode, frame_call, frames, source_key, stages
 from .env import ENV_UINT8, switch, thread_count, uint8_requested
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
@@ -177,6 +181,9 @@ def install() -> bool:
         keyed = _guarded(
             "videos keyed by their frames", lambda: source_key.install(fast_path_enabled), False
         )
+        count_beside = _guarded(
+            "count check kept first", lambda: count_check.install(fast_path_enabled), False
+        )
         threads = decode.decode_threads()
         decode_patched = _guarded(
             "decode threads not set", lambda: decode.install(fast_path_enabled, threads), False
@@ -185,13 +192,15 @@ def install() -> bool:
         logger.info(
             "gemma4 media: installed (fast path %s, video frames as arrays %s, "
             "video decode threads %s, frame threads %s, frame call via image processor %s, "
-            "video cache keys from bytes %s, uint8 pixel values %s)",
+            "video cache keys from bytes %s, frame-count check beside the decode %s, "
+            "uint8 pixel values %s)",
             "on" if _fast_enabled else "off",
             "on" if array_frames and _fast_enabled else "off",
             threads if decode_patched and _fast_enabled else "as vLLM",
             fast_processor.frame_threads() if _fast_enabled else 1,
             "on" if short_call and array_frames and _fast_enabled else "off",
             "on" if keyed and _fast_enabled else "off",
+            "on" if count_beside and _fast_enabled else "off",
             "on" if _uint8_enabled else "off",
         )
         return True

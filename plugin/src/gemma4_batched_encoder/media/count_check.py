@@ -1,0 +1,132 @@
+"""vLLM's frame-count cross-check beside the frame decode instead of before it (issue 8).
+
+vLLM 0.27+ (`OpenCVVideoBackendMixin.get_video_metadata` in
+vllm/multimodal/video_decoders/opencv.py) cross-checks the header's frame count with an
+end-of-stream seek before it samples frames: OpenCV's FFmpeg backend decodes from the last
+keyframe to the end to get there, which for a short clip is the whole video, and the frames are
+then decoded a second time. For the SLO's clip (6 frames, 854x480) on a 2-core CPU the seek took
+6.3 ms of vLLM's 13.5 ms decode (bench/media_count_check.py).
+
+With the media fast path on, `decode_opencv` runs that same check on a second capture of the same
+bytes in a worker thread while the frames are read with the header's count (OpenCV releases the
+GIL in both). The check's answer decides: when it keeps the header's count (every file whose
+header is right) the frames already read are exactly what vLLM reads after its seek back to frame
+0, so the result is vLLM's; when it corrects the count (a header that overstates the frames, e.g.
+an mp4 edit list), or anything raises, vLLM's own `decode_opencv` runs again from the start and
+its result (or error) is returned. Same frames, metadata and indices; CPU time unchanged plus one
+capture open (~0.5 ms); wall time about the longer of the two.
+
+Captures are never `release()`d explicitly, as vLLM does not: with OpenCV 5.0's Python-stream
+captures, an explicit release in one thread while another thread decodes crashed the process
+(segfault, reproduced here); dropping the last reference, as vLLM's own 8 media threads do, did
+not.
+
+Patch ledger: the module attribute `decode_opencv` of vllm/multimodal/video_decoders/opencv.py
+(`decode_video` looks it up by name at each call), only where its body and the metadata check
+are the ones this mirrors (vLLM 0.32; absent before 0.27, where there is no check to move).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
+
+MODULE = "vllm.multimodal.video_decoders.opencv"
+_PATCHED = "_gemma4_count_check"
+# What decode_opencv does, in order, and the seek this moves off its path.
+_DECODE_STEPS = (
+    "OpenCVVideoBackendMixin.open_video_capture(data)",
+    "check_frame_pixel_limit(",
+    "loader_cls._prepare_source(OpenCVVideoBackendMixin.get_video_metadata(cap))",
+    "loader_cls.compute_frames_index_to_sample(",
+    "loader_cls.read_frames(",
+)
+_CHECK_SEEK = "cv2.CAP_PROP_POS_AVI_RATIO"
+# As many as vLLM's media threads (VLLM_MEDIA_LOADING_THREAD_COUNT, 8): one check per video
+# being decoded.
+_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gemma4-count-check")
+
+
+def header_source(module: Any, cap: Any) -> Any:
+    """The header's metadata, as vLLM's check leaves it when it does not correct the count."""
+    cv2 = module.cv2
+    total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    return module.VideoSourceMetadata(
+        total_frames_num=total,
+        original_fps=fps,
+        duration=total / fps if fps > 0 else 0,
+    )
+
+
+def checked_source(mixin: Any, data: bytes) -> Any:
+    """vLLM's own metadata, end-of-stream check included, from a capture of its own."""
+    return mixin.get_video_metadata(mixin.open_video_capture(data))
+
+
+def _overlapped(module: Any, loader_cls: Any, data: bytes, target: Any, sampling_kwargs: dict,
+                frame_recovery: bool) -> tuple[Any, ...] | None:  # fmt: skip
+    """vLLM's decode with the check on another capture; None when vLLM's own must run."""
+    mixin = module.OpenCVVideoBackendMixin
+    cv2 = module.cv2
+    cap = mixin.open_video_capture(data)
+    module.check_frame_pixel_limit(
+        int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    )
+    checked = _pool.submit(checked_source, mixin, data)
+    source = loader_cls._prepare_source(header_source(module, cap))
+    frame_idx = loader_cls.compute_frames_index_to_sample(
+        source=source, target=target, **sampling_kwargs
+    )
+    frames, valid = loader_cls.read_frames(
+        cap, frame_idx, total_frames_num=source.total_frames_num, frame_recovery=frame_recovery
+    )
+    if loader_cls._prepare_source(checked.result()) != source:
+        return None  # the check corrected the header: vLLM samples over its count
+    return frames, source, frame_idx, valid
+
+
+def install(enabled: Callable[[], bool]) -> bool:
+    """Move vLLM's count check beside the decode; False where nothing was patched."""
+    try:
+        module = importlib.import_module(MODULE)
+    except ImportError:
+        return False  # vLLM before 0.27: no check
+    original = getattr(module, "decode_opencv", None)
+    mixin = getattr(module, "OpenCVVideoBackendMixin", None)
+    if original is None or mixin is None:
+        return False
+    if getattr(original, _PATCHED, False):
+        return True
+    try:
+        decode_source = inspect.getsource(original)
+        check_source = inspect.getsource(mixin.get_video_metadata)
+    except (OSError, TypeError):
+        return False
+    if not all(step in decode_source for step in _DECODE_STEPS) or _CHECK_SEEK not in check_source:
+        logger.info("gemma4 media: vLLM's OpenCV decode differs from 0.32; count check kept first")
+        return False
+
+    def decode_opencv(loader_cls: Any, data: bytes, target: Any, sampling_kwargs: dict, *,
+                      frame_recovery: bool = False) -> Any:  # fmt: skip
+        if enabled():
+            try:
+                result = _overlapped(
+                    module, loader_cls, data, target, sampling_kwargs, frame_recovery
+                )
+            except Exception:  # bad input: vLLM's own decode raises its own error
+                result = None
+            if result is not None:
+                return result
+        return original(loader_cls, data, target, sampling_kwargs, frame_recovery=frame_recovery)
+
+    setattr(decode_opencv, _PATCHED, True)
+    decode_opencv.__wrapped__ = original  # type: ignore[attr-defined]
+    module.decode_opencv = decode_opencv
+    return True
