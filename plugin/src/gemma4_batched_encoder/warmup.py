@@ -21,20 +21,18 @@ when GEMMA4_WARMUP=1 (images/entrypoint.sh).
 from __future__ import annotations
 
 import argparse
-import base64
 import itertools
 import json
 import os
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import numpy as np
+from .noise_media import data_url, jpeg_bytes, mp4_bytes
 
 OUTPUT_TOKENS = 10
 # Every warm-up request's id carries this tag (vLLM names the engine request
@@ -42,41 +40,6 @@ OUTPUT_TOKENS = 10
 # server's synthetic bursts are not users' latency, and would trip the burn-rate alerts and the
 # SLO autoscaler on every rollout of an idle service.
 REQUEST_TAG = "gemma4-warmup-"
-
-
-def _frame(key: int, t: int, width: int, height: int) -> np.ndarray:
-    """A BGR frame that differs per request and per frame (no cache can answer it)."""
-    rng = np.random.default_rng(key * 1000 + t)
-    return rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-
-
-def mp4_bytes(key: int, frames: int, width: int, height: int, fps: float = 2.0) -> bytes:
-    import cv2  # vLLM's own video dependency
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "warmup.mp4"
-        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-        if not writer.isOpened():
-            raise RuntimeError(f"OpenCV cannot write an mp4 of {width}x{height}")
-        try:
-            for t in range(frames):
-                writer.write(_frame(key, t, width, height))
-        finally:
-            writer.release()
-        return path.read_bytes()
-
-
-def jpeg_bytes(key: int, width: int, height: int) -> bytes:
-    import cv2
-
-    ok, buf = cv2.imencode(".jpg", _frame(key, 0, width, height))
-    if not ok:
-        raise RuntimeError(f"OpenCV cannot encode a JPEG of {width}x{height}")
-    return buf.tobytes()
-
-
-def _data_url(mime: str, data: bytes) -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 class Client:
@@ -136,43 +99,26 @@ def chat_body(model: str, content: list[dict[str, Any]] | str) -> dict[str, Any]
     }
 
 
-def phases(args: argparse.Namespace, model: str) -> list[tuple[str, list[dict[str, Any]]]]:
-    """(name, request bodies sent at once) in order."""
-    key = 0
+def phases(args: argparse.Namespace, model: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(name, request bodies sent at once) in order; each phase's media is made only when it
+    is due (16 noise videos of 854x480 are tens of MB as data URLs)."""
+    seeds = itertools.count(1)
 
-    def video() -> dict[str, Any]:
-        nonlocal key
-        key += 1
-        url = _data_url("video/mp4", mp4_bytes(key, args.video_frames, args.width, args.height))
-        return chat_body(
-            model,
-            [
-                {"type": "text", "text": "describe"},
-                {"type": "video_url", "video_url": {"url": url}},
-            ],
-        )
+    def media(kind: str) -> dict[str, Any]:
+        seed = next(seeds)
+        if kind == "video":
+            payload = mp4_bytes(args.video_frames, args.width, args.height, seed=seed)
+            url = data_url("video/mp4", payload)
+        else:
+            url = data_url("image/jpeg", jpeg_bytes(args.width, args.height, seed=seed))
+        part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
+        return chat_body(model, [{"type": "text", "text": "describe"}, part])
 
-    def image() -> dict[str, Any]:
-        nonlocal key
-        key += 1
-        url = _data_url("image/jpeg", jpeg_bytes(key, args.width, args.height))
-        return chat_body(
-            model,
-            [
-                {"type": "text", "text": "describe"},
-                {"type": "image_url", "image_url": {"url": url}},
-            ],
-        )
-
-    out: list[tuple[str, list[dict[str, Any]]]] = [
-        ("text", [chat_body(model, "warm up " * 100)]),
-        ("image", [image()]),
-    ]
-    for k in args.bursts:
-        out.append((f"{k} video{'s' if k > 1 else ''} at once", [video() for _ in range(k)]))
-    for k in args.image_bursts:
-        out.append((f"{k} image{'s' if k > 1 else ''} at once", [image() for _ in range(k)]))
-    return out
+    yield "text", [chat_body(model, "warm up " * 100)]
+    yield "image", [media("image")]
+    for kind, bursts in (("video", args.bursts), ("image", args.image_bursts)):
+        for k in bursts:
+            yield f"{k} {kind}{'s' if k > 1 else ''} at once", [media(kind) for _ in range(k)]
 
 
 def run(args: argparse.Namespace) -> int:
