@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
@@ -218,11 +220,17 @@ class VllmServer:
             return resp.read().decode()
 
 
-def chart_scrape_settings() -> dict[str, str]:
-    """The chart's metrics.path and metrics.serviceMonitor.{interval,scrapeTimeout}."""
+@functools.cache
+def chart_values() -> dict[str, Any]:
+    """The chart's values.yaml, read once: what the local stack copies from the chart."""
     import yaml
 
-    metrics = (yaml.safe_load(CHART_VALUES.read_text()) or {})["metrics"]
+    return yaml.safe_load(CHART_VALUES.read_text()) or {}
+
+
+def chart_scrape_settings() -> dict[str, str]:
+    """The chart's metrics.path and metrics.serviceMonitor.{interval,scrapeTimeout}."""
+    metrics = chart_values()["metrics"]
     return {
         "path": metrics["path"],
         "interval": metrics["serviceMonitor"]["interval"],
@@ -232,17 +240,13 @@ def chart_scrape_settings() -> dict[str, str]:
 
 def chart_plugin_env() -> dict[str, str]:
     """The chart's server.pluginEnv (the plugin switches its Deployment sets), as env vars."""
-    import yaml
-
-    plugin_env = (yaml.safe_load(CHART_VALUES.read_text()) or {})["server"]["pluginEnv"] or {}
+    plugin_env = chart_values()["server"]["pluginEnv"] or {}
     return {name: str(value) for name, value in plugin_env.items() if value is not None}
 
 
 def chart_warmup_env() -> dict[str, str]:
     """The chart's server.warmup as the entrypoint's env (empty when it is off)."""
-    import yaml
-
-    warmup = (yaml.safe_load(CHART_VALUES.read_text()) or {})["server"]["warmup"]
+    warmup = chart_values()["server"]["warmup"]
     if not warmup.get("enabled"):
         return {}
     return {"GEMMA4_WARMUP": "1", "GEMMA4_WARMUP_ARGS": warmup.get("args", "")}
