@@ -59,6 +59,22 @@ def test_same_frames_metadata_and_indices(installed, frames, width, height, four
     assert stock_meta == fast_meta  # includes the sampled frame indices and the source's count
 
 
+def test_the_overlapped_decode_is_what_answers(installed):
+    """Not vLLM's decode behind a swallowed error: the overlapped path itself returns the
+    result, equal to vLLM's own `decode_opencv` field by field."""
+    from vllm.multimodal.video import VIDEO_LOADER_REGISTRY
+
+    loader_cls = VIDEO_LOADER_REGISTRY.load("opencv")
+    target = opencv.VideoTargetMetadata(num_frames=32, fps=-1, max_duration=300)
+    data = media_files.mp4_bytes(6, 854, 480, seed=11)
+    ours = count_check._overlapped(opencv, loader_cls, data, target, {}, False)
+    assert ours is not None
+    theirs = opencv.decode_opencv.__wrapped__(loader_cls, data, target, {}, frame_recovery=False)
+    frames, source, frame_idx, valid = ours
+    assert np.array_equal(frames, theirs[0])
+    assert (source, frame_idx, valid) == tuple(theirs[1:])
+
+
 def test_bad_input_fails_with_vllms_error(installed, monkeypatch):
     not_a_video = b"\x00\x00\x00\x18ftypmp42 this is not a video"
     big = media_files.mp4_bytes(2, 640, 480, seed=1)
