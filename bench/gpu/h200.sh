@@ -160,7 +160,7 @@ serve)
     export MODEL="$MODEL_DIR" HOST=127.0.0.1 PORT="$port"
     export VLLM_LAUNCHER="${VLLM_LAUNCHER:-python3 -m vllm.entrypoints.cli.main serve}"
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
-    export GEMMA4_WARMUP_DONE_FILE="/tmp/warmup-$port.done" GEMMA4_WARMUP_PYTHON=python3
+    export GEMMA4_WARMUP_DONE_FILE="/tmp/warmup-$port.done"
     rm -f "/tmp/warmup-$port.expected"
     if [[ "${GEMMA4_WARMUP:-0}" == 1 ]]; then touch "/tmp/warmup-$port.expected"; fi
     # dynamo names any recompile at serving time in the server log (a stall's other suspect)
