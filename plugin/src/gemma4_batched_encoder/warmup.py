@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="served model name (default: the server's first)")
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None)
     parser.add_argument(
-        "--bursts", type=_int_list, default=[1, 2, 16], help="videos at once, per phase"
+        "--bursts", type=_int_list, default=[1, 2, 4, 8, 16], help="videos at once, per phase"
     )
     parser.add_argument(
         "--image-bursts",
