@@ -66,6 +66,14 @@ def _int(name: str, default: int) -> int:
     return value
 
 
+def _width(name: str) -> int:
+    """A count where on/off also reads: on = 16 (a 6-frame video is 6 ranges), off = 0."""
+    switch = parse_switch(os.environ.get(name, ""))
+    if switch is not None:
+        return 16 if switch else 0
+    return _int(name, 0)
+
+
 @dataclass(frozen=True)
 class Settings:
     disabled: bool = False
@@ -93,6 +101,10 @@ class Settings:
     # vLLM's merge of the multimodal items' tensors done on the GPU instead of a CPU concat into
     # pinned memory (engine_mm_batching.py; same tensors). Opt-in until measured served.
     engine_gpu_batching: bool = False
+    # Gemma 4's image ranges in a persistent buffer of this many ranges a request, so FULL CUDA
+    # graphs keep them (engine_graph_ranges.py); 0 = vLLM's per-step tensor. Opt-in: not
+    # measured on a GPU yet.
+    engine_graph_ranges: int = 0
     # Soft-token budgets whose CUDA graphs exact mode captures at its first call (the profile
     # run), every batch bucket, padded and not (encoder.py `_warm_graphs`); () = capture lazily.
     # 70: Gemma 4's video frames.
@@ -119,5 +131,6 @@ class Settings:
             engine_torch_threads=_threads("GEMMA4_ENGINE_TORCH_THREADS"),
             engine_async_ranges=_flag("GEMMA4_ENGINE_ASYNC_RANGES", True),
             engine_gpu_batching=_flag("GEMMA4_ENGINE_GPU_BATCHING", False),
+            engine_graph_ranges=_width("GEMMA4_ENGINE_GRAPH_RANGES"),
             warmup_tokens=_ints("GEMMA4_ENCODER_WARMUP_TOKENS", cls.warmup_tokens),
         )

@@ -20,7 +20,7 @@ from vllm.model_executor.models.gemma4_mm import (
 )
 from vllm.platforms import current_platform
 
-from . import engine_mm_batching, engine_mm_ranges, pixels
+from . import engine_graph_ranges, engine_mm_batching, engine_mm_ranges, pixels
 from .engine_threads import set_engine_torch_threads
 from .log import logger
 from .media.env import uint8_requested
@@ -68,6 +68,11 @@ def _engine_patches(settings: Settings) -> None:
             "GEMMA4_ENGINE_GPU_BATCHING",
             engine_mm_batching.install,
             (settings.engine_gpu_batching, on_cpu),
+        ),
+        (
+            "GEMMA4_ENGINE_GRAPH_RANGES",
+            engine_graph_ranges.install,
+            (settings.engine_graph_ranges,),
         ),
     )
     for name, install, args in patches:

@@ -1,0 +1,221 @@
+"""engine_graph_ranges: Gemma 4's image ranges in a graph-safe buffer (GEMMA4_ENGINE_GRAPH_RANGES).
+
+The kernel-level claim (the buffer's rows give vLLM's Triton attention the same output as vLLM's
+own per-step tensor) runs vLLM's kernel under the Triton interpreter (graph_ranges_kernel_check.py).
+The model-runner hooks exist only in vLLM 0.20-style runners (this machine has vLLM 0.32), so
+they are exercised on a runner that carries vLLM 0.20.0's `_set_mm_prefix_range_for_metadata`
+verbatim and records what its dispatch was asked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import gemma4_batched_encoder.engine_graph_ranges as G
+from gemma4_batched_encoder.settings import Settings
+
+HERE = Path(__file__).parent
+
+
+def test_vllm_kernel_gives_the_same_attention_from_the_buffer() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "graph_ranges_kernel_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the prefill chunk keeps the frames its queries touch; the decoding request keeps none
+    assert result["kept"] == {"0": [[25, 34], [40, 49], [55, 70]], "1": [], "2": []}
+    assert result["one_address"]  # every step's rows at one address: what a graph replays
+    for window in ("window0", "window16"):  # full attention and sliding-window layers
+        assert result[window] == {
+            "buffer_equals_vllm": True,
+            "ranges_matter": True,  # (the check would see a lost range)
+            "dropping_a_range_changes_output": True,
+            "text_zero_rows_equal_none": True,  # text-only steps: zero rows = no ranges
+        }
+
+
+def test_ranges_in_window_keeps_those_holding_a_query_token() -> None:
+    ranges = [(2, 10), (25, 34), (40, 49), (55, 70)]
+    assert G.ranges_in_window(ranges, 20, 40) == [(25, 34), (40, 49), (55, 70)]
+    assert G.ranges_in_window(ranges, 10, 1) == [(2, 10)]  # inclusive end
+    assert G.ranges_in_window(ranges, 11, 14) == []  # 11..24: between frames
+    assert G.ranges_in_window(ranges, 71, 1) == []  # decoding after the last frame
+    assert G.ranges_in_window(ranges, 0, 0) == []  # nothing scheduled
+
+
+def test_buffer_rows_keep_their_address_and_refuse_what_does_not_fit() -> None:
+    state = G.GraphRanges(rows=4, width=2, device=torch.device("cpu"))
+    a = state.view({0: [(1, 5), (8, 9)], 2: [(3, 4)]}, 3)
+    assert a is not None
+    assert a.tolist() == [[[1, 5], [8, 9]], [[0, 0], [0, 0]], [[3, 4], [0, 0]]]
+    b = state.view({1: [(6, 7)]}, 2)
+    assert b is not None and b.data_ptr() == a.data_ptr()
+    assert b.tolist() == [[[0, 0], [0, 0]], [[6, 7], [0, 0]]]  # last step's rows cleared
+    assert state.view({0: [(1, 2), (3, 4), (5, 6)]}, 1) is None  # wider than the buffer
+    assert state.view({}, 5) is None  # more requests than rows
+
+
+class Placeholder:
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self._ranges = ranges
+
+    def extract_embeds_range(self) -> list[tuple[int, int]]:
+        return list(self._ranges)
+
+
+class TritonMetadata:
+    def __init__(self, num_seqs: int) -> None:
+        self.seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
+        self.mm_prefix_range: Any = None
+        self.mm_prefix_range_tensor: Any = None
+
+    @staticmethod
+    def compute_mm_prefix_range_tensor(
+        mm_prefix_range: dict[int, list[tuple[int, int]]] | None,
+        num_seqs: int,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        # vLLM 0.20.0, vllm/v1/attention/backends/triton_attn.py:91-123 (docstring dropped)
+        if mm_prefix_range is None:
+            return None
+        range_lists = [mm_prefix_range.get(i, [(0, 0)]) or [(0, 0)] for i in range(num_seqs)]
+        if all(r == [(0, 0)] for r in range_lists):
+            return None
+        max_ranges = max(len(r) for r in range_lists)
+        padded = []
+        for r in range_lists:
+            padded_r = list(r) + [(0, 0)] * (max_ranges - len(r))
+            padded.append(padded_r)
+        return torch.tensor(padded, dtype=torch.int32, device=device).view(num_seqs, max_ranges, 2)
+
+
+class Runner020:
+    """The parts of vLLM 0.20.0's GPUModelRunner the patch touches."""
+
+    max_num_reqs = 4
+    max_num_tokens = 8
+
+    def __init__(self, requests: dict[str, tuple[int, int, list[tuple[int, int]]]]) -> None:
+        ids = list(requests)
+        self.requests = {
+            rid: SimpleNamespace(mm_features=[SimpleNamespace(mm_position=Placeholder(rs))])
+            for rid, (_, _, rs) in requests.items()
+        }
+        self.input_batch = SimpleNamespace(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            num_computed_tokens_cpu=np.array([requests[r][0] for r in ids] + [0] * 4),
+        )
+        self.scheduled = np.array([requests[r][1] for r in ids])
+        self.dispatched: list[bool] = []
+
+    def _determine_batch_execution_and_padding(
+        self,
+        num_tokens: int,
+        num_reqs: int,
+        num_scheduled_tokens_np: np.ndarray,
+        max_num_scheduled_tokens: int,
+        use_cascade_attn: bool,
+        allow_microbatching: bool = True,
+        force_eager: bool = False,
+    ) -> bool:
+        self.dispatched.append(use_cascade_attn)
+        return use_cascade_attn
+
+    def _set_mm_prefix_range_for_metadata(
+        self, attn_metadata: Any, req_doc_ranges: dict[int, list[tuple[int, int]]]
+    ) -> None:
+        # vLLM 0.20.0, vllm/v1/worker/gpu_model_runner.py:6418-6456 (docstring dropped)
+        metadata_list = []
+        if isinstance(attn_metadata, list):
+            for ub_metadata in attn_metadata:
+                metadata_list.extend(ub_metadata.values())
+        else:
+            metadata_list.extend(attn_metadata.values())
+        shared_tensor = None
+        for metadata in metadata_list:
+            metadata.mm_prefix_range = req_doc_ranges
+            if isinstance(metadata, TritonMetadata):
+                if shared_tensor is None:
+                    shared_tensor = TritonMetadata.compute_mm_prefix_range_tensor(
+                        req_doc_ranges, metadata.seq_lens.shape[0], metadata.seq_lens.device
+                    )
+                metadata.mm_prefix_range_tensor = shared_tensor
+
+    def step(self, width: int) -> dict[str, TritonMetadata]:
+        """One engine step as vLLM 0.20 orders it: dispatch, then the metadata's ranges."""
+        dispatch = G.guarded_dispatch(Runner020._determine_batch_execution_and_padding, width)
+        set_ranges = G.graph_safe_metadata(Runner020._set_mm_prefix_range_for_metadata, width)
+        n = len(self.input_batch.req_ids)
+        dispatch(
+            self, int(self.scheduled.sum()), n, self.scheduled, int(self.scheduled.max()), False
+        )
+        metadata = {"layer.0": TritonMetadata(n), "layer.1": TritonMetadata(n)}
+        doc = {
+            i: self.requests[r].mm_features[0].mm_position.extract_embeds_range()
+            for i, r in enumerate(self.input_batch.req_ids)
+        }
+        set_ranges(self, metadata, doc)
+        return metadata
+
+
+def test_runner_steps_use_the_buffer_and_full_graphs_stay_allowed() -> None:
+    runner = Runner020(
+        {"video": (20, 40, [(2, 10), (25, 34), (40, 49)]), "chat": (44, 1, [(5, 15)])}
+    )
+    first = runner.step(width=2)
+    assert runner.dispatched == [False]  # FULL graphs allowed
+    tensor = first["layer.0"].mm_prefix_range_tensor
+    assert tensor is first["layer.1"].mm_prefix_range_tensor  # one tensor for every layer
+    assert tensor.tolist() == [[[25, 34], [40, 49]], [[0, 0], [0, 0]]]
+    # vLLM's own dict stays on the metadata (other backends read it)
+    assert first["layer.0"].mm_prefix_range[1] == [(5, 15)]
+    runner.input_batch.num_computed_tokens_cpu[0] = 60  # next step: the video decodes too
+    runner.scheduled = np.array([1, 1])
+    second = runner.step(width=2)["layer.0"].mm_prefix_range_tensor
+    assert second.data_ptr() == tensor.data_ptr() and not second.any()
+
+
+def test_a_step_with_more_ranges_than_the_width_is_kept_out_of_full_graphs() -> None:
+    runner = Runner020({"video": (0, 60, [(2, 10), (25, 34), (40, 49)])})
+    metadata = runner.step(width=2)
+    assert runner.dispatched == [True]  # vLLM's switch that refuses FULL graphs
+    # and the step gets vLLM's own compact tensor, every range
+    assert metadata["layer.0"].mm_prefix_range_tensor.tolist() == [[[2, 10], [25, 34], [40, 49]]]
+
+
+def test_install_leaves_a_vllm_without_the_hooks_alone(caplog: pytest.LogCaptureFixture) -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    before = dict(vars(GPUModelRunner))
+    with caplog.at_level(logging.WARNING):
+        assert G.install(16) is False  # vLLM 0.32 here: the ranges live in the attention builders
+    assert "has no effect on this vLLM" in caplog.text
+    assert dict(vars(GPUModelRunner)) == before
+    assert G.install(0) is False
+
+
+@pytest.mark.parametrize(("raw", "width"), [("on", 16), ("1", 16), ("8", 8), ("off", 0), ("0", 0)])
+def test_setting(monkeypatch: pytest.MonkeyPatch, raw: str, width: int) -> None:
+    monkeypatch.setenv("GEMMA4_ENGINE_GRAPH_RANGES", raw)
+    assert Settings.from_env().engine_graph_ranges == width
+
+
+def test_setting_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEMMA4_ENGINE_GRAPH_RANGES", "wide")
+    with pytest.raises(ValueError, match="GEMMA4_ENGINE_GRAPH_RANGES"):
+        Settings.from_env()
