@@ -133,6 +133,10 @@ class Runner020:
         allow_microbatching: bool = True,
         force_eager: bool = False,
     ) -> bool:
+        # vLLM 0.20.0 (gpu_model_runner.py:3608): its dispatch refuses FULL graphs on this flag
+        #   cudagraph_mode, batch_descriptor = dispatch_cudagraph(
+        #       num_tokens_padded, disable_full=use_cascade_attn or has_encoder_output
+        #   )
         self.dispatched.append(use_cascade_attn)
         return use_cascade_attn
 
@@ -196,6 +200,31 @@ def test_a_step_with_more_ranges_than_the_width_is_kept_out_of_full_graphs() -> 
     assert runner.dispatched == [True]  # vLLM's switch that refuses FULL graphs
     # and the step gets vLLM's own compact tensor, every range
     assert metadata["layer.0"].mm_prefix_range_tensor.tolist() == [[[2, 10], [25, 34], [40, 49]]]
+
+
+def test_install_patches_a_020_runner_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.v1.worker.gpu_model_runner as runner_module
+
+    class Runner(Runner020):
+        pass
+
+    monkeypatch.setattr(runner_module, "GPUModelRunner", Runner)
+    assert G.refuses_full_for_cascade(Runner._determine_batch_execution_and_padding)
+    assert G.install(16) is True
+    patched = vars(Runner)["_set_mm_prefix_range_for_metadata"]
+    assert getattr(patched, G._PATCHED)
+    assert getattr(vars(Runner)["_determine_batch_execution_and_padding"], G._PATCHED)
+    assert G.install(16) is True and vars(Runner)["_set_mm_prefix_range_for_metadata"] is patched
+
+
+def test_vllm_032_dispatch_ignores_the_cascade_flag() -> None:
+    """vLLM 0.32 keeps `use_cascade_attn` in the signature but ignores it: the guard must not
+    count on it there."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    dispatch = GPUModelRunner._determine_batch_execution_and_padding
+    assert "use_cascade_attn" in __import__("inspect").signature(dispatch).parameters
+    assert not G.refuses_full_for_cascade(dispatch)
 
 
 def test_install_leaves_a_vllm_without_the_hooks_alone(caplog: pytest.LogCaptureFixture) -> None:

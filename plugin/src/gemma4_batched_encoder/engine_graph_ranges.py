@@ -194,12 +194,12 @@ def install(width: int) -> bool:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:
         return False
-    setter = vars(GPUModelRunner).get("_set_mm_prefix_range_for_metadata")
-    dispatch = vars(GPUModelRunner).get("_determine_batch_execution_and_padding")
-    if setter is None or dispatch is None or "use_cascade_attn" not in _params(dispatch):
+    setter = getattr(GPUModelRunner, "_set_mm_prefix_range_for_metadata", None)
+    dispatch = getattr(GPUModelRunner, "_determine_batch_execution_and_padding", None)
+    if setter is None or dispatch is None or not refuses_full_for_cascade(dispatch):
         logger.warning(
-            "gemma4_batched_encoder: %s=%d has no effect on this vLLM (no 0.20-style range "
-            "hooks in its model runner); vLLM's image ranges are kept",
+            "gemma4_batched_encoder: %s=%d has no effect on this vLLM (its model runner lacks "
+            "0.20's range and FULL-graph hooks); vLLM's image ranges are kept",
             ENV,
             width,
         )
@@ -217,8 +217,14 @@ def install(width: int) -> bool:
     return True
 
 
-def _params(fn: Callable[..., Any]) -> set[str]:
+def refuses_full_for_cascade(dispatch: Callable[..., Any]) -> bool:
+    """Whether ``use_cascade_attn=True`` keeps a step out of FULL graphs in this vLLM (0.20:
+    ``disable_full=use_cascade_attn or ...``; vLLM 0.32 still takes the argument but ignores it,
+    which would let a step whose ranges do not fit replay a FULL graph)."""
     try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
+        source = inspect.getsource(dispatch)
+    except (OSError, TypeError):
+        return False
+    return "use_cascade_attn" in inspect.signature(dispatch).parameters and (
+        "disable_full=use_cascade_attn" in source.replace(" ", "")
+    )
