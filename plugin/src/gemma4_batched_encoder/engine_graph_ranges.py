@@ -73,11 +73,11 @@ def widest(ranges: Ranges) -> int:
 
 def pack(ranges: Ranges, rows: int, width: int) -> torch.Tensor:
     """``(rows, width, 2)`` int32 on the CPU: request i's ranges in row i, zeros elsewhere."""
-    out = torch.zeros((rows, width, 2), dtype=torch.int32)
+    out = np.zeros((rows, width, 2), dtype=np.int32)
     for i, rs in ranges.items():
         if rs and i < rows:
-            out[i, : len(rs)] = torch.tensor(rs, dtype=torch.int32)
-    return out
+            out[i, : len(rs)] = rs
+    return torch.from_numpy(out)
 
 
 class GraphRanges:
