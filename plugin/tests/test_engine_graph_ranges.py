@@ -2,9 +2,12 @@
 
 The kernel-level claim (the buffer's rows give vLLM's Triton attention the same output as vLLM's
 own per-step tensor) runs vLLM's kernel under the Triton interpreter (graph_ranges_kernel_check.py).
-The model-runner hooks exist only in vLLM 0.20-style runners (this machine has vLLM 0.32), so
-they are exercised on a runner that carries vLLM 0.20.0's `_set_mm_prefix_range_for_metadata`
-verbatim and records what its dispatch was asked."""
+The patch points differ by version: vLLM 0.20 builds the range tensor in the model runner
+(`TritonAttentionMetadata.compute_mm_prefix_range_tensor`, called by
+`_set_mm_prefix_range_for_metadata`) and refuses FULL graphs on `use_cascade_attn`; vLLM 0.32
+(this machine) builds it in the Triton backend's builder and refuses them only on `force_eager`.
+0.20's side runs on a runner that carries its two functions verbatim; 0.32's on the installed
+vLLM's own module and dispatch."""
 
 from __future__ import annotations
 
@@ -77,7 +80,7 @@ class Placeholder:
         return list(self._ranges)
 
 
-class TritonMetadata:
+class TritonMetadata020:
     def __init__(self, num_seqs: int) -> None:
         self.seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
         self.mm_prefix_range: Any = None
@@ -153,88 +156,107 @@ class Runner020:
         shared_tensor = None
         for metadata in metadata_list:
             metadata.mm_prefix_range = req_doc_ranges
-            if isinstance(metadata, TritonMetadata):
+            if isinstance(metadata, TritonMetadata020):
                 if shared_tensor is None:
-                    shared_tensor = TritonMetadata.compute_mm_prefix_range_tensor(
+                    shared_tensor = TritonMetadata020.compute_mm_prefix_range_tensor(
                         req_doc_ranges, metadata.seq_lens.shape[0], metadata.seq_lens.device
                     )
                 metadata.mm_prefix_range_tensor = shared_tensor
 
-    def step(self, width: int) -> dict[str, TritonMetadata]:
+    def step(self) -> dict[str, TritonMetadata020]:
         """One engine step as vLLM 0.20 orders it: dispatch, then the metadata's ranges."""
-        dispatch = G.guarded_dispatch(Runner020._determine_batch_execution_and_padding, width)
-        set_ranges = G.graph_safe_metadata(Runner020._set_mm_prefix_range_for_metadata, width)
         n = len(self.input_batch.req_ids)
-        dispatch(
-            self, int(self.scheduled.sum()), n, self.scheduled, int(self.scheduled.max()), False
+        self._determine_batch_execution_and_padding(
+            int(self.scheduled.sum()), n, self.scheduled, int(self.scheduled.max()), False
         )
-        metadata = {"layer.0": TritonMetadata(n), "layer.1": TritonMetadata(n)}
+        metadata = {"layer.0": TritonMetadata020(n), "layer.1": TritonMetadata020(n)}
         doc = {
             i: self.requests[r].mm_features[0].mm_position.extract_embeds_range()
             for i, r in enumerate(self.input_batch.req_ids)
         }
-        set_ranges(self, metadata, doc)
+        self._set_mm_prefix_range_for_metadata(metadata, doc)
         return metadata
 
 
-def test_runner_steps_use_the_buffer_and_full_graphs_stay_allowed() -> None:
-    runner = Runner020(
-        {"video": (20, 40, [(2, 10), (25, 34), (40, 49)]), "chat": (44, 1, [(5, 15)])}
-    )
-    first = runner.step(width=2)
-    assert runner.dispatched == [False]  # FULL graphs allowed
-    tensor = first["layer.0"].mm_prefix_range_tensor
-    assert tensor is first["layer.1"].mm_prefix_range_tensor  # one tensor for every layer
-    assert tensor.tolist() == [[[25, 34], [40, 49]], [[0, 0], [0, 0]]]
-    # vLLM's own dict stays on the metadata (other backends read it)
-    assert first["layer.0"].mm_prefix_range[1] == [(5, 15)]
-    runner.input_batch.num_computed_tokens_cpu[0] = 60  # next step: the video decodes too
-    runner.scheduled = np.array([1, 1])
-    second = runner.step(width=2)["layer.0"].mm_prefix_range_tensor
-    assert second.data_ptr() == tensor.data_ptr() and not second.any()
-
-
-def test_a_step_with_more_ranges_than_the_width_is_kept_out_of_full_graphs() -> None:
-    runner = Runner020({"video": (0, 60, [(2, 10), (25, 34), (40, 49)])})
-    metadata = runner.step(width=2)
-    assert runner.dispatched == [True]  # vLLM's switch that refuses FULL graphs
-    # and the step gets vLLM's own compact tensor, every range
-    assert metadata["layer.0"].mm_prefix_range_tensor.tolist() == [[[2, 10], [25, 34], [40, 49]]]
-
-
-def test_install_patches_a_020_runner_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def vllm020(monkeypatch: pytest.MonkeyPatch) -> type[Runner020]:
+    """A 0.20-shaped runner and metadata class standing where vLLM keeps them, patched by
+    `install` (monkeypatch puts vLLM's own back afterwards)."""
+    import vllm.v1.attention.backends.triton_attn as triton_attn
     import vllm.v1.worker.gpu_model_runner as runner_module
 
     class Runner(Runner020):
         pass
 
+    class Metadata(TritonMetadata020):
+        pass
+
+    Metadata.compute_mm_prefix_range_tensor = staticmethod(  # type: ignore[method-assign]
+        TritonMetadata020.compute_mm_prefix_range_tensor
+    )
     monkeypatch.setattr(runner_module, "GPUModelRunner", Runner)
-    assert G.refuses_full_for_cascade(Runner._determine_batch_execution_and_padding)
-    assert G.install(16) is True
-    patched = vars(Runner)["_set_mm_prefix_range_for_metadata"]
-    assert getattr(patched, G._PATCHED)
-    assert getattr(vars(Runner)["_determine_batch_execution_and_padding"], G._PATCHED)
-    assert G.install(16) is True and vars(Runner)["_set_mm_prefix_range_for_metadata"] is patched
+    monkeypatch.setattr(triton_attn, "TritonAttentionMetadata", Metadata)
+    monkeypatch.setattr(__name__ + ".TritonMetadata020", Metadata)  # what the runner's code names
+    assert G.install(2) is True
+    return Runner
 
 
-def test_vllm_032_dispatch_ignores_the_cascade_flag() -> None:
-    """vLLM 0.32 keeps `use_cascade_attn` in the signature but ignores it: the guard must not
-    count on it there."""
+def test_020_steps_use_the_buffer_and_full_graphs_stay_allowed(vllm020: type[Runner020]) -> None:
+    runner = vllm020({"video": (20, 40, [(2, 10), (25, 34), (40, 49)]), "chat": (44, 1, [(5, 15)])})
+    first = runner.step()
+    assert runner.dispatched == [False]  # FULL graphs allowed
+    tensor = first["layer.0"].mm_prefix_range_tensor
+    assert tensor is first["layer.1"].mm_prefix_range_tensor  # one tensor for every layer
+    assert tensor.tolist() == [[[25, 34], [40, 49]], [[0, 0], [0, 0]]]
+    assert first["layer.0"].mm_prefix_range[1] == [(5, 15)]  # vLLM's dict, as it was
+    runner.input_batch.num_computed_tokens_cpu[0] = 60  # next step: the video decodes too
+    runner.scheduled = np.array([1, 1])
+    second = runner.step()["layer.0"].mm_prefix_range_tensor
+    assert second.data_ptr() == tensor.data_ptr() and not second.any()
+    assert G.install(2) is True  # idempotent: still one wrapper
+    third = runner.step()["layer.0"].mm_prefix_range_tensor
+    assert third.data_ptr() == tensor.data_ptr() and runner.dispatched == [False] * 3
+
+
+def test_020_step_with_more_ranges_than_the_width_stays_out_of_full_graphs(
+    vllm020: type[Runner020],
+) -> None:
+    runner = vllm020({"video": (0, 60, [(2, 10), (25, 34), (40, 49)])})
+    metadata = runner.step()
+    assert runner.dispatched == [True]  # vLLM 0.20's switch that refuses FULL graphs
+    # and the step gets vLLM's own compact tensor, every range
+    assert metadata["layer.0"].mm_prefix_range_tensor.tolist() == [[[2, 10], [25, 34], [40, 49]]]
+
+
+def test_032_patches_the_backends_range_function_and_refuses_full_by_force_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM 0.32 keeps `use_cascade_attn` in the dispatch's signature but ignores it."""
+    import vllm.v1.attention.backends.triton_attn as triton_attn
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     dispatch = GPUModelRunner._determine_batch_execution_and_padding
-    assert "use_cascade_attn" in __import__("inspect").signature(dispatch).parameters
-    assert not G.refuses_full_for_cascade(dispatch)
+    stock = triton_attn.compute_mm_prefix_range_tensor
+    assert G.full_refusal(dispatch) == "force_eager"
+    monkeypatch.setattr(GPUModelRunner, "_determine_batch_execution_and_padding", dispatch)
+    monkeypatch.setattr(triton_attn, "compute_mm_prefix_range_tensor", stock)
+    assert G.install(4) is True
+    compute = triton_attn.compute_mm_prefix_range_tensor
+    assert compute is not stock and getattr(compute, G._PATCHED)
+    # before any dispatch (no windows known): vLLM's own function answers
+    ranges = {0: [(3, 9)], 1: []}
+    assert torch.equal(compute(ranges, 2, torch.device("cpu")), stock(ranges, 2, "cpu"))
 
 
-def test_install_leaves_a_vllm_without_the_hooks_alone(caplog: pytest.LogCaptureFixture) -> None:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+def test_install_leaves_a_vllm_without_the_hooks_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import vllm.v1.attention.backends.triton_attn as triton_attn
 
-    before = dict(vars(GPUModelRunner))
+    monkeypatch.delattr(triton_attn, "compute_mm_prefix_range_tensor")
     with caplog.at_level(logging.WARNING):
-        assert G.install(16) is False  # vLLM 0.32 here: the ranges live in the attention builders
+        assert G.install(16) is False
     assert "has no effect on this vLLM" in caplog.text
-    assert dict(vars(GPUModelRunner)) == before
     assert G.install(0) is False
 
 

@@ -1,31 +1,32 @@
 """Gemma 4's image ranges in a graph-safe buffer, so FULL CUDA graphs keep them
 (``GEMMA4_ENGINE_GRAPH_RANGES=N``, N ranges per request and step; 0/off: vLLM's own).
 
-Gemma 4 attends bidirectionally inside each image or video frame. vLLM 0.20 passes those ranges
-to its Triton attention kernel as a tensor built afresh each step, and no tensor at all when the
-step has none. A FULL CUDA graph (``cudagraph_mode: FULL``, which captures mixed prefill-decode
-batches whole) is captured on dummy batches without images, so it bakes in the kernel without
-ranges and replays it for steps with images: image tokens then attend causally only. On the H200
-FULL graphs served 40 video req/s at p95 201 ms where the default graphs gave 760 ms, because the
-language model's launches bound the engine, but with that error (eleventh sitting, section 3).
+Gemma 4 attends bidirectionally inside each image or video frame. vLLM (0.20 through 0.32 at
+least) passes those ranges to its Triton attention kernel as a tensor built afresh each step
+(``compute_mm_prefix_range_tensor``), and no tensor at all when the step has none. A FULL CUDA
+graph (``cudagraph_mode: FULL``, which captures mixed prefill-decode batches whole) is captured on
+dummy batches without images, so it bakes in the kernel without ranges and replays it for steps
+with images: image tokens then attend causally only. On the H200 (vLLM 0.20.0) FULL graphs served
+40 video req/s at p95 201 ms where the default graphs gave 760 ms, because the language model's
+launches bound the engine, but with that error (eleventh sitting, section 3).
 
-Here the kernel always gets the same tensor: rows of one persistent device buffer of N ranges a
-request, zero-padded (the kernel skips a range whose start is not below its end, vLLM's own
-padding), filled each step by an asynchronous copy on the step's stream, so a captured graph
-reads the current step's ranges. Only ranges that hold one of the request's query tokens in this
-step are kept: a range without a query token changes no mask entry (the kernel ORs "query and key
-in the same range" into the causal mask), so a decoding request needs none and a prefill chunk
-only its own frames. A step in which some request still has more than N such ranges is kept out
-of FULL graphs (vLLM's own switch for cascade attention, which leaves piecewise graphs or eager)
-and gets vLLM's compact tensor, as without this patch.
+Here ``compute_mm_prefix_range_tensor`` always answers with the same tensor: rows of one
+persistent device buffer of N ranges a request, zero-padded (the kernel skips a range whose start
+is not below its end, vLLM's own padding), filled each step by an asynchronous copy on the step's
+stream, so a captured graph reads the current step's ranges. Only ranges that hold one of the
+request's query tokens in this step are kept: a range without a query token changes no mask entry
+(the kernel ORs "query and key in the same range" into the causal mask), so a decoding request
+needs none and a prefill chunk only its own frames. The query windows come from the model
+runner's dispatch of the same step (``_determine_batch_execution_and_padding``, which vLLM calls
+just before it builds the step's attention metadata, in the same thread). A step in which some
+request still has more than N such ranges is kept out of FULL graphs there (0.20:
+``use_cascade_attn``, so piecewise graphs stay; 0.32 ignores that flag: ``force_eager``) and gets
+vLLM's compact tensor, as without this patch.
 
 Costs: every attention launch runs the kernel's range branch (N loads a tile, and no
-sliding-window tile pruning: vLLM 0.20 skips it whenever ranges are passed), so one kernel
-variant serves all steps (it also removes the per-range-count recompiles). Not measured on a GPU
-yet; opt-in. vLLM versions without 0.20's hooks in the model runner
-(``_set_mm_prefix_range_for_metadata``, ``_determine_batch_execution_and_padding`` taking
-``use_cascade_attn``; vLLM 0.32 moved the ranges into the attention builders) are left as they
-are, with a warning.
+sliding-window tile pruning: vLLM skips it whenever ranges are passed), so one kernel variant
+serves all steps (which also removes the per-range-count recompiles). Not measured on a GPU yet;
+opt-in. A vLLM without these hooks is left as it is, with a warning.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def pack(ranges: Ranges, rows: int, width: int) -> torch.Tensor:
 
 
 class GraphRanges:
-    """The persistent buffer of one model runner (allocated once: graphs keep its address)."""
+    """The persistent buffer of one process (allocated once: graphs keep its address)."""
 
     def __init__(self, rows: int, width: int, device: torch.device) -> None:
         self.width = width
@@ -102,25 +103,75 @@ class GraphRanges:
         return rows
 
 
-def guarded_dispatch(stock: Callable[..., Any], width: int) -> Callable[..., Any]:
-    """``GPUModelRunner._determine_batch_execution_and_padding`` that refuses FULL graphs for a
-    step in which a request has more than ``width`` ranges holding its query tokens (counted
-    before vLLM's sliding-window skip, so never fewer than the kernel would get)."""
+class Step:
+    """What the runner's dispatch learnt about the step it is dispatching, for the range tensor
+    that vLLM builds next for the same step (same thread: the model runner's)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.rows = 0  # the buffer's rows: the runner's largest batch, set at its first dispatch
+        self.first: np.ndarray | None = None  # each request's first query position, by index
+        self.count: np.ndarray | None = None  # and its number of query tokens
+        self.buffers: dict[torch.device, GraphRanges] = {}
+
+    def ranges_tensor(
+        self,
+        fallback: Callable[..., torch.Tensor | None],
+        ranges: Ranges | None,
+        num_seqs: int,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """``compute_mm_prefix_range_tensor``'s answer: the buffer's rows, or ``fallback``'s
+        tensor where the step's ranges do not fit (a step the dispatch kept out of FULL graphs)."""
+        if ranges is None or self.first is None or self.count is None:
+            return fallback(ranges, num_seqs, device)
+        kept = step_ranges(ranges, self.first, self.count)
+        if len(kept) < len(ranges):  # a request the dispatch did not see: keep vLLM's
+            return fallback(ranges, num_seqs, device)
+        device = torch.device(device)
+        state = self.buffers.get(device)
+        if state is None:
+            state = GraphRanges(max(self.rows, num_seqs), self.width, device)
+            self.buffers[device] = state
+        rows = state.view(kept, num_seqs)
+        return rows if rows is not None else fallback(ranges, num_seqs, device)
+
+
+def graph_safe_compute(
+    stock: Callable[..., torch.Tensor | None], step: Step
+) -> Callable[..., torch.Tensor | None]:
+    """vLLM's ``compute_mm_prefix_range_tensor(mm_prefix_range, num_seqs, device)``, answered
+    from the persistent buffer (``stock`` where it cannot be)."""
+
+    @functools.wraps(stock)
+    def compute(mm_prefix_range: Ranges | None, num_seqs: int, device: torch.device) -> Any:
+        return step.ranges_tensor(stock, mm_prefix_range, num_seqs, device)
+
+    setattr(compute, _PATCHED, True)
+    return compute
+
+
+def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Callable[..., Any]:
+    """``GPUModelRunner._determine_batch_execution_and_padding`` that records the step's query
+    windows and, for a step in which a request has more than ``step.width`` ranges holding its
+    query tokens (counted before vLLM's sliding-window skip, so never fewer than vLLM passes),
+    sets ``refuse`` (the argument with which this vLLM keeps a step out of FULL graphs)."""
     signature = inspect.signature(stock)
 
     @functools.wraps(stock)
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(self, *args, **kwargs)
+        if not step.rows:
+            step.rows = max(int(self.max_num_reqs), int(self.max_num_tokens))
         try:
-            windows = _windows(self, bound.arguments)
-            overflow = _overflows(self, windows, width)
+            step.first, step.count = _windows(self, bound.arguments)
+            overflow = _overflows(self, step.first, step.count, step.width)
         except Exception:  # never fail a step over the check: the safe answer is "no FULL"
             logger.warning("gemma4_batched_encoder: range count check failed", exc_info=True)
-            windows, overflow = None, True
-        # (the metadata of this step, built next, takes the same windows and answer)
-        setattr(self, _STEP, (windows, overflow))
+            step.first = step.count = None  # (and vLLM's own tensor for this step)
+            overflow = True
         if overflow:
-            bound.arguments["use_cascade_attn"] = True  # vLLM: no FULL graph for this step
+            bound.arguments[refuse] = True
         return stock(*bound.args, **bound.kwargs)
 
     setattr(dispatch, _PATCHED, True)
@@ -135,8 +186,7 @@ def _windows(runner: Any, arguments: Mapping[str, Any]) -> tuple[np.ndarray, np.
     return computed, scheduled
 
 
-def _overflows(runner: Any, windows: tuple[np.ndarray, np.ndarray], width: int) -> bool:
-    first, count = windows
+def _overflows(runner: Any, first: np.ndarray, count: np.ndarray, width: int) -> bool:
     batch = runner.input_batch
     for req_id in batch.req_ids[: len(first)]:
         index = batch.req_id_to_index[req_id]
@@ -150,81 +200,71 @@ def _overflows(runner: Any, windows: tuple[np.ndarray, np.ndarray], width: int) 
     return False
 
 
-def graph_safe_metadata(stock: Callable[..., Any], width: int) -> Callable[..., Any]:
-    """``GPUModelRunner._set_mm_prefix_range_for_metadata`` writing the step's ranges into the
-    persistent buffer and giving every Triton metadata object its rows."""
-
-    @functools.wraps(stock)
-    def set_ranges(self: Any, attn_metadata: Any, req_doc_ranges: Ranges) -> None:
-        metadata = _metadata_objects(attn_metadata)
-        triton = [m for m in metadata if hasattr(m, "mm_prefix_range_tensor")]
-        windows, overflow = getattr(self, _STEP, (None, True))
-        if not triton or overflow or windows is None:
-            return stock(self, attn_metadata, req_doc_ranges)
-        seq_lens = triton[0].seq_lens
-        state: GraphRanges | None = getattr(self, _BUFFER, None)
-        if state is None:
-            rows = max(int(self.max_num_reqs), int(self.max_num_tokens), seq_lens.shape[0])
-            state = GraphRanges(rows, width, seq_lens.device)
-            setattr(self, _BUFFER, state)
-        rows = state.view(step_ranges(req_doc_ranges, *windows), seq_lens.shape[0])
-        if rows is None:  # (cannot happen after the dispatch check; vLLM's tensor then)
-            return stock(self, attn_metadata, req_doc_ranges)
-        for m in metadata:
-            m.mm_prefix_range = req_doc_ranges  # (other backends' form, vLLM's own values)
-            if hasattr(m, "mm_prefix_range_tensor"):
-                m.mm_prefix_range_tensor = rows
+def full_refusal(dispatch: Callable[..., Any]) -> str | None:
+    """The argument with which this vLLM's dispatch keeps a step out of FULL graphs:
+    ``use_cascade_attn`` where it is honoured (0.20: ``disable_full=use_cascade_attn or ...``,
+    piecewise graphs stay), else ``force_eager`` (0.32 keeps ``use_cascade_attn`` in the
+    signature but ignores it); None where neither is there."""
+    try:
+        source = inspect.getsource(dispatch).replace(" ", "")
+        params = inspect.signature(dispatch).parameters
+    except (OSError, TypeError, ValueError):
         return None
+    if "use_cascade_attn" in params and "disable_full=use_cascade_attn" in source:
+        return "use_cascade_attn"
+    if "force_eager" in params and "force_eager" in source.split(")->", 1)[-1]:
+        return "force_eager"
+    return None
 
-    setattr(set_ranges, _PATCHED, True)
-    return set_ranges
 
-
-def _metadata_objects(attn_metadata: Any) -> list[Any]:
-    if isinstance(attn_metadata, list):
-        return [m for ub in attn_metadata for m in ub.values()]
-    return list(attn_metadata.values())
+def _range_function() -> tuple[Any, str] | None:
+    """Where this vLLM keeps ``compute_mm_prefix_range_tensor`` for its Triton backend: the
+    metadata class (0.20-0.26) or the backend module's imported name (0.32)."""
+    try:
+        import vllm.v1.attention.backends.triton_attn as triton_attn
+    except Exception:  # (no Triton on CPU builds of some versions)
+        return None
+    metadata = getattr(triton_attn, "TritonAttentionMetadata", None)
+    if metadata is not None and "compute_mm_prefix_range_tensor" in vars(metadata):
+        return metadata, "compute_mm_prefix_range_tensor"
+    if hasattr(triton_attn, "compute_mm_prefix_range_tensor"):
+        return triton_attn, "compute_mm_prefix_range_tensor"
+    return None
 
 
 def install(width: int) -> bool:
-    """Patch vLLM's model runner where it has 0.20's hooks; ``width`` 0 does nothing."""
+    """Patch vLLM's model runner dispatch and its range tensor; ``width`` 0 does nothing."""
     if width <= 0:
         return False
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:
         return False
-    setter = getattr(GPUModelRunner, "_set_mm_prefix_range_for_metadata", None)
     dispatch = getattr(GPUModelRunner, "_determine_batch_execution_and_padding", None)
-    if setter is None or dispatch is None or not refuses_full_for_cascade(dispatch):
+    refuse = full_refusal(dispatch) if dispatch is not None else None
+    where = _range_function()
+    if refuse is None or where is None:
         logger.warning(
-            "gemma4_batched_encoder: %s=%d has no effect on this vLLM (its model runner lacks "
-            "0.20's range and FULL-graph hooks); vLLM's image ranges are kept",
+            "gemma4_batched_encoder: %s=%d has no effect on this vLLM (no Triton range tensor "
+            "or no way to keep a step out of FULL graphs); vLLM's image ranges are kept",
             ENV,
             width,
         )
         return False
-    if getattr(setter, _PATCHED, False):
+    owner, name = where
+    current = vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)
+    function = current.__func__ if isinstance(current, staticmethod) else current
+    if getattr(function, _PATCHED, False):
         return True
-    GPUModelRunner._set_mm_prefix_range_for_metadata = graph_safe_metadata(setter, width)
-    GPUModelRunner._determine_batch_execution_and_padding = guarded_dispatch(dispatch, width)
+    step = Step(width)
+    patched = graph_safe_compute(function, step)
+    setattr(owner, name, staticmethod(patched) if isinstance(owner, type) else patched)
+    GPUModelRunner._determine_batch_execution_and_padding = guarded_dispatch(dispatch, step, refuse)
     logger.info(
-        "gemma4_batched_encoder: image ranges in a graph-safe buffer, %d a request (%s); FULL "
-        "CUDA graphs keep Gemma 4's bidirectional image attention",
+        "gemma4_batched_encoder: image ranges in a graph-safe buffer, %d a request (%s; steps "
+        "that do not fit: %s); FULL CUDA graphs keep Gemma 4's bidirectional image attention",
         width,
         ENV,
+        refuse,
     )
     return True
-
-
-def refuses_full_for_cascade(dispatch: Callable[..., Any]) -> bool:
-    """Whether ``use_cascade_attn=True`` keeps a step out of FULL graphs in this vLLM (0.20:
-    ``disable_full=use_cascade_attn or ...``; vLLM 0.32 still takes the argument but ignores it,
-    which would let a step whose ranges do not fit replay a FULL graph)."""
-    try:
-        source = inspect.getsource(dispatch)
-    except (OSError, TypeError):
-        return False
-    return "use_cascade_attn" in inspect.signature(dispatch).parameters and (
-        "disable_full=use_cascade_attn" in source.replace(" ", "")
-    )
