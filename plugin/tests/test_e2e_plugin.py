@@ -144,3 +144,24 @@ def test_uint8_handoff_keeps_greedy_outputs(vllm_server, vllm_server_factory):
         ]
     text = server.metrics_text()
     assert "gemma4_encoder_fallbacks_total{" not in text, "plugin fell back to stock"
+
+
+def test_graph_safe_ranges_keep_greedy_outputs(vllm_server, vllm_server_factory):
+    """GEMMA4_ENGINE_GRAPH_RANGES on the real runner: its dispatch reads the step's query windows
+    from vLLM's own input batch and requests (a failure there would log "range count check
+    failed" and keep every step out of FULL graphs); width 2 < the video's 6 frames, so its
+    prefill is the step kept out. Same tokens and logprobs (the range tensor itself only feeds
+    the Triton kernel, which a CPU build does not run: graph_ranges_kernel_check.py covers it)."""
+    requests = [video_request(seed=501), image_request(seed=502), video_request(seed=503)]
+    default = [chat(vllm_server, r) for r in requests]
+    server = vllm_server_factory("graph-ranges", env={"GEMMA4_ENGINE_GRAPH_RANGES": "2"})
+    ranged = [chat(server, r) for r in requests]
+    log = server.log_path.read_text()
+    assert "image ranges in a graph-safe buffer, 2 a request" in log
+    assert "more than 2 image ranges for one request kept out of FULL CUDA graphs" in log
+    assert "range count check failed" not in log
+    for a, b in zip(default, ranged, strict=True):
+        assert tokens(a) == tokens(b)
+        assert [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]] == [
+            t["logprob"] for t in b["choices"][0]["logprobs"]["content"]
+        ]

@@ -68,6 +68,7 @@ def test_buffer_rows_keep_their_address_and_refuse_what_does_not_fit() -> None:
     b = state.view({1: [(6, 7)]}, 2)
     assert b is not None and b.data_ptr() == a.data_ptr()
     assert b.tolist() == [[[0, 0], [0, 0]], [[6, 7], [0, 0]]]  # last step's rows cleared
+    assert not state.buffer[2:].any()  # and the rows past this step's (padded requests' reads)
     assert state.view({0: [(1, 2), (3, 4), (5, 6)]}, 1) is None  # wider than the buffer
     assert state.view({}, 5) is None  # more requests than rows
 

@@ -43,8 +43,6 @@ from .log import logger
 
 ENV = "GEMMA4_ENGINE_GRAPH_RANGES"
 _PATCHED = "_gemma4_graph_ranges"
-_BUFFER = "_gemma4_graph_ranges_buffer"
-_STEP = "_gemma4_graph_ranges_step"
 
 Ranges = Mapping[int, Sequence[tuple[int, int]]]
 
@@ -87,20 +85,24 @@ class GraphRanges:
     def __init__(self, rows: int, width: int, device: torch.device) -> None:
         self.width = width
         self.buffer = torch.zeros((rows, width, 2), dtype=torch.int32, device=device)
+        self.used = 0  # rows the last step wrote
 
     def view(self, ranges: Ranges, num_seqs: int) -> torch.Tensor | None:
-        """Rows ``[:num_seqs]`` holding ``ranges``; None when they do not fit."""
+        """Rows ``[:num_seqs]`` holding ``ranges``, every row after them zero (a kernel that
+        reads past ``num_seqs``, e.g. for padded requests, finds no stale ranges); None when they
+        do not fit."""
         if num_seqs > self.buffer.shape[0] or widest(ranges) > self.width:
             return None
-        host = pack(ranges, num_seqs, self.width)
-        rows = self.buffer[:num_seqs]
-        if rows.is_cuda:
+        written = max(num_seqs, self.used)
+        host = pack(ranges, written, self.width)
+        if self.buffer.is_cuda:
             # A fresh pinned block each step: the caching host allocator holds it until the copy
             # has run, so the next step cannot overwrite what this one still copies.
-            rows.copy_(host.pin_memory(), non_blocking=True)
+            self.buffer[:written].copy_(host.pin_memory(), non_blocking=True)
         else:
-            rows.copy_(host)
-        return rows
+            self.buffer[:written].copy_(host)
+        self.used = num_seqs
+        return self.buffer[:num_seqs]
 
 
 class Step:
@@ -113,6 +115,7 @@ class Step:
         self.first: np.ndarray | None = None  # each request's first query position, by index
         self.count: np.ndarray | None = None  # and its number of query tokens
         self.buffers: dict[torch.device, GraphRanges] = {}
+        self.refused = False  # a step was kept out of FULL graphs (logged once)
 
     def ranges_tensor(
         self,
@@ -172,6 +175,15 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
             overflow = True
         if overflow:
             bound.arguments[refuse] = True
+            if not step.refused:
+                step.refused = True
+                logger.info(
+                    "gemma4_batched_encoder: a step with more than %d image ranges for one "
+                    "request kept out of FULL CUDA graphs (%s; logged once; %s sets the width)",
+                    step.width,
+                    refuse,
+                    ENV,
+                )
         return stock(*bound.args, **bound.kwargs)
 
     setattr(dispatch, _PATCHED, True)
