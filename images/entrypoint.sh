@@ -8,7 +8,7 @@
 #   SERVE_FLAGS       replaces the default flags below entirely (rarely needed)
 #   VLLM_EXTRA_ARGS   extra flags appended after the defaults (word-split; later flags win)
 #   VLLM_LAUNCHER     how to start vLLM                      (default: "vllm serve"; the CPU wheel
-#                     needs "python -m vllm.entrypoints.openai.api_server", see README)
+#                     needs "python local/vllm_cli.py serve", see README)
 #   PROMETHEUS_MULTIPROC_DIR  metrics directory; wiped at start (default /tmp/vllm-metrics)
 #   VLLM_MAX_IMAGE_PIXELS     largest image/frame accepted   (default 16777216 = 4096x4096)
 #   GEMMA4_WARMUP     1: once /health answers, send media warm-up traffic

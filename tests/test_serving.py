@@ -130,5 +130,10 @@ def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
         r'^vllm:request_success_total\{[^}]*finished_reason="length"[^}]*\} (\S+)$', text, re.M
     )
     assert success and float(success.group(1)) == n
+    log = server.log_path.read_text()
+    # two API-server processes really ran, each with the media fast path (a launcher that
+    # ignores the flag runs one)
+    for n_api in (0, 1):
+        assert re.search(rf"\(ApiServer_{n_api} pid=\d+\) .*gemma4 media: installed", log)
     # the chart's GEMMA4_MEDIA_UINT8=on (test_manifests pins it) reached both processes
-    assert "uint8 pixel values received" in server.log_path.read_text()
+    assert "uint8 pixel values received" in log
