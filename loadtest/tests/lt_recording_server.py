@@ -27,6 +27,7 @@ class RecordingServer:
         self.delay_s = delay_s
         self.special_tokens_only = special_tokens_only
         self.bodies: list[dict[str, Any]] = []
+        self.connection_headers: list[str | None] = []  # each POST's Connection header
         self._lock = threading.Lock()
         server = self
 
@@ -57,6 +58,7 @@ class RecordingServer:
                 body = json.loads(self.rfile.read(n) or b"{}")
                 with server._lock:
                     server.bodies.append(body)
+                    server.connection_headers.append(self.headers.get("Connection"))
                 if not self.path.endswith("/chat/completions"):
                     self._json(404, {"error": "not found"})
                     return

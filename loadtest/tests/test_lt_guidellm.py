@@ -257,3 +257,24 @@ def test_no_streamed_content_is_diagnosed(tmp_path: Path) -> None:
     assert """--extra-body '{"skip_special_tokens": false}'""" in md
     assert "## Notes" in md and "- text 2 req/s: no streamed content arrived" in md
     assert "extra request body" not in md
+
+
+def test_connection_per_request_closes_every_connection(tmp_path: Path) -> None:
+    """--connection-per-request travels CLI -> config -> scenario -> guidellm -> every request as
+    `Connection: close` (httpx then opens a new connection for the next request: what spreads
+    requests over vLLM's API-server processes, bench/api_server_balance.py); without it, none."""
+    for flag in ("", "--connection-per-request"):
+        out = tmp_path / (flag or "keep-alive")
+        with RecordingServer() as srv:
+            proc = _run_cli(srv, out, *([flag] if flag else []))
+        assert proc.returncode in (0, 1), proc.stderr
+        assert len(srv.connection_headers) >= 4, "too few requests to tell"
+        on = flag == "--connection-per-request"
+        assert all(
+            (h or "").lower() == ("close" if on else "keep-alive") for h in srv.connection_headers
+        ), srv.connection_headers
+        scenario = json.loads((out / "steps" / "text-r2" / "scenario.json").read_text())
+        expected = {"headers": {"Connection": "close"}} if on else None
+        assert scenario["spec"]["backend"].get("extras") == expected
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["config"]["connection_per_request"] is on

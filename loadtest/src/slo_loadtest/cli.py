@@ -28,6 +28,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 FLAG_NAMES = {
     "unique_media": "--unique-media/--reuse-media",
     "search_beyond": "--search-beyond/--no-search-beyond",
+    "connection_per_request": "--connection-per-request/--keep-alive",
 }
 
 

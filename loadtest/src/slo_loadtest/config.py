@@ -85,6 +85,13 @@ class SweepConfig:
         "Wall-time bound of one guidellm invocation (s); 0: duration + 2 x request timeout + 60.",
     )
     request_timeout_s: float = _f(30.0, "Read timeout of each request (s).")
+    connection_per_request: bool = _f(
+        False,
+        "A new connection for every request (HTTP 'Connection: close'), as many independent "
+        "clients would open, instead of the load generator's few keep-alive connections: vLLM "
+        "with --api-server-count > 1 serves each connection in the process that accepted it, "
+        "so a few kept-alive connections load its API servers unevenly.",
+    )
     search_beyond: bool = _f(
         False, "After the last rate passes, search higher rates for the highest passing rate."
     )

@@ -55,6 +55,8 @@ class StepSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     # merged into every request body (guidellm's backend ``extras.body``)
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # every request on a new connection (``extras.headers``: ``Connection: close``)
+    connection_per_request: bool = False
 
     @property
     def report_path(self) -> Path:
@@ -92,10 +94,17 @@ def build_scenario(spec: StepSpec) -> dict[str, Any]:
     }
     if spec.api_key:
         backend["api_key"] = spec.api_key
+    extras: dict[str, Any] = {}
     if spec.extra_body:
         # guidellm 0.8.1 deep-merges extras.body into each request body after it has set model,
         # stream and the output length; the CLI refuses those keys (validation.RESERVED_BODY_KEYS)
-        backend["extras"] = {"body": dict(spec.extra_body)}
+        extras["body"] = dict(spec.extra_body)
+    if spec.connection_per_request:
+        # and extras.headers into each request's headers; httpx closes the connection after the
+        # response, so the next request opens (and the server accepts) a new one
+        extras["headers"] = {"Connection": "close"}
+    if extras:
+        backend["extras"] = extras
     scenario: dict[str, Any] = {
         "metadata": {"labels": dict(spec.labels)},
         "spec": {

@@ -105,6 +105,8 @@ class Sweep:
         )
         if cfg.extra_body:
             self.log(f"extra request body: {json.dumps(cfg.extra_body, sort_keys=True)}")
+        if cfg.connection_per_request:
+            self.log("a new connection for every request (Connection: close)")
         try:
             if not self.model:
                 self.model = resolve_model(cfg.target, cfg.api_key)
@@ -194,6 +196,7 @@ class Sweep:
             sample_size=cfg.report_samples,
             labels={"workload": workload, "rate": f"{rate:g}", "tool": "slo-loadtest"},
             extra_body=cfg.extra_body,
+            connection_per_request=cfg.connection_per_request,
         )
         self.log(
             f"[{workload} {rate:g} req/s] guidellm run ({ds.rows} rows, bound "
