@@ -24,7 +24,9 @@
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
-#                                           greedy outputs or TTFT gap, a short warm-up instead)
+#                                           greedy outputs or TTFT gap, a short warm-up instead;
+#                                           LOADTEST_ARGS: more slo-loadtest options, e.g.
+#                                           --connection-per-request)
 #   bench/gpu/h200.sh config NAME PORT RATES DURATION [ENV=VAL ...]   serve + wait + measure
 #                                           (+ profile at $PROFILE_RATE) + stop, all files of it
 #                                           in one $OUT/NAME.tgz: one configuration per call
@@ -216,7 +218,7 @@ measure)
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
-    --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary || echo "sweep exit $?"
+    --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary ${LOADTEST_ARGS:-} || echo "sweep exit $?"
   # The device tool returns a limited number of files and folder depth: guidellm's per-step
   # reports go back as one archive (the 2026-11-30 sitting lost a results.csv to the count).
   if [[ -d "$OUT/sweep-$name/steps" ]]; then
@@ -241,7 +243,8 @@ profile)
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "$workload" \
     --rates "$rate" --duration $((seconds + 15)) --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 \
-    --out "/tmp/profile-$name" --data-dir "/tmp/data-$name" --no-print-summary >"/tmp/profile-$name.log" 2>&1 &
+    --out "/tmp/profile-$name" --data-dir "/tmp/data-$name" --no-print-summary ${LOADTEST_ARGS:-} \
+    >"/tmp/profile-$name.log" 2>&1 &
   load=$!
   # Profile only once the load has reached the server: the sixth sitting slept a fixed 10 s, and
   # its profiles caught an idle engine (guidellm was still generating its data).
