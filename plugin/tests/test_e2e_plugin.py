@@ -160,6 +160,8 @@ def test_graph_safe_ranges_keep_greedy_outputs(vllm_server, vllm_server_factory)
     assert "image ranges in a graph-safe buffer, 2 a request" in log
     assert "more than 2 image ranges for one request kept out of FULL CUDA graphs" in log
     assert "range count check failed" not in log
+    # each refused step counted (the video prefills), on the server's /metrics
+    assert metric(server.metrics_text(), "gemma4_engine_full_graph_refusals_total") >= 2
     for a, b in zip(default, ranged, strict=True):
         assert tokens(a) == tokens(b)
         assert [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]] == [

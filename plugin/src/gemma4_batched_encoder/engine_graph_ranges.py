@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from .log import logger
+from .metrics import get_metrics
 
 ENV = "GEMMA4_ENGINE_GRAPH_RANGES"
 _PATCHED = "_gemma4_graph_ranges"
@@ -175,6 +176,7 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
             overflow = True
         if overflow:
             bound.arguments[refuse] = True
+            _count_refusal()
             if not step.refused:
                 step.refused = True
                 logger.info(
@@ -188,6 +190,13 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
 
     setattr(dispatch, _PATCHED, True)
     return dispatch
+
+
+def _count_refusal() -> None:
+    try:
+        get_metrics().full_graph_refusals.inc()
+    except Exception:  # metrics never fail a step
+        logger.debug("gemma4_batched_encoder: refusal not counted", exc_info=True)
 
 
 def _windows(runner: Any, arguments: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:

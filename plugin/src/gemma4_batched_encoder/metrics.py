@@ -45,6 +45,7 @@ class EncoderMetrics:
     verify_mismatches: Any
     fused_layers: Any
     cuda_graphs: Any
+    full_graph_refusals: Any
 
 
 _lock = threading.Lock()
@@ -106,6 +107,11 @@ def get_metrics() -> EncoderMetrics:
                     "batch shape runs eagerly from then on; the log says why).",
                     ["state"],
                     multiprocess_mode="max",
+                ),
+                full_graph_refusals=Counter(
+                    "gemma4_engine_full_graph_refusals",
+                    "Engine steps kept out of FULL CUDA graphs because a request had more image "
+                    "ranges holding query tokens than GEMMA4_ENGINE_GRAPH_RANGES holds.",
                 ),
             )
             _metrics.fused_layers.set(0)
