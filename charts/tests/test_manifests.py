@@ -138,8 +138,8 @@ def test_warmup_gates_startup_and_can_be_turned_off():
     container = deployment_container(render("default"))
     env = env_of(container)
     assert env["GEMMA4_WARMUP"]["value"] == "1"
-    assert (
-        env["GEMMA4_WARMUP_ARGS"]["value"] == "--bursts 1,2,4,8,16 --image-bursts 2,16 --video-frames 6"
+    assert env["GEMMA4_WARMUP_ARGS"]["value"] == (
+        "--bursts 1,2,4,8,16 --image-bursts 2,16 --video-frames 6"
     )
     done = env["GEMMA4_WARMUP_DONE_FILE"]["value"]
     assert container["startupProbe"]["exec"] == {"command": ["test", "-f", done]}

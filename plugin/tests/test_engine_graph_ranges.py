@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from vllm020 import Metadata020
 
 import gemma4_batched_encoder.engine_graph_ranges as G
 from gemma4_batched_encoder.settings import Settings
@@ -81,30 +82,13 @@ class Placeholder:
         return list(self._ranges)
 
 
-class TritonMetadata020:
+class TritonMetadata020(Metadata020):
+    """vLLM 0.20.0's TritonAttentionMetadata: the fields the runner's range code touches."""
+
     def __init__(self, num_seqs: int) -> None:
         self.seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
         self.mm_prefix_range: Any = None
         self.mm_prefix_range_tensor: Any = None
-
-    @staticmethod
-    def compute_mm_prefix_range_tensor(
-        mm_prefix_range: dict[int, list[tuple[int, int]]] | None,
-        num_seqs: int,
-        device: torch.device,
-    ) -> torch.Tensor | None:
-        # vLLM 0.20.0, vllm/v1/attention/backends/triton_attn.py:91-123 (docstring dropped)
-        if mm_prefix_range is None:
-            return None
-        range_lists = [mm_prefix_range.get(i, [(0, 0)]) or [(0, 0)] for i in range(num_seqs)]
-        if all(r == [(0, 0)] for r in range_lists):
-            return None
-        max_ranges = max(len(r) for r in range_lists)
-        padded = []
-        for r in range_lists:
-            padded_r = list(r) + [(0, 0)] * (max_ranges - len(r))
-            padded.append(padded_r)
-        return torch.tensor(padded, dtype=torch.int32, device=device).view(num_seqs, max_ranges, 2)
 
 
 class Runner020:

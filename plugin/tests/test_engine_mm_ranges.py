@@ -1,7 +1,8 @@
 """engine_mm_ranges: Gemma 4's per-step image ranges without a host sync, same values.
 
-vLLM 0.20's blocking function is reproduced verbatim below (this machine runs vLLM 0.32, which
-already copies asynchronously and is left alone); the wrapper must give exactly its tensors."""
+vLLM 0.20's blocking function is reproduced verbatim in vllm020.py (this machine runs vLLM
+0.32, which already copies asynchronously and is left alone); the wrapper must give exactly its
+tensors."""
 
 from __future__ import annotations
 
@@ -10,37 +11,9 @@ import random
 import pytest
 import torch
 from vllm.multimodal.inputs import PlaceholderRange
+from vllm020 import Metadata020
 
 import gemma4_batched_encoder.engine_mm_ranges as R
-
-
-class Metadata020:
-    @staticmethod
-    def compute_mm_prefix_range_tensor(
-        mm_prefix_range: dict[int, list[tuple[int, int]]] | None,
-        num_seqs: int,
-        device: torch.device,
-    ) -> torch.Tensor | None:
-        # vLLM 0.20.0, vllm/v1/attention/backends/triton_attn.py:91-123 (docstring dropped)
-        if mm_prefix_range is None:
-            return None
-
-        # Collect ranges, using [(0,0)] for empty sequences to ensure uniform dims
-        range_lists = [mm_prefix_range.get(i, [(0, 0)]) or [(0, 0)] for i in range(num_seqs)]
-
-        # Return None if all ranges are trivial (only (0,0) placeholders)
-        if all(r == [(0, 0)] for r in range_lists):
-            return None
-
-        # Build on CPU first then move to GPU in a single H2D transfer
-        max_ranges = max(len(r) for r in range_lists)
-        # Pad all sequences to the same number of ranges
-        padded = []
-        for r in range_lists:
-            padded_r = list(r) + [(0, 0)] * (max_ranges - len(r))
-            padded.append(padded_r)
-        # Create tensor with efficient H2D transfer
-        return torch.tensor(padded, dtype=torch.int32, device=device).view(num_seqs, max_ranges, 2)
 
 
 def _random_ranges(rng: random.Random) -> tuple[dict[int, list[tuple[int, int]]], int]:
