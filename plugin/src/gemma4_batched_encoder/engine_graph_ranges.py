@@ -115,8 +115,14 @@ class Step:
         self.rows = 0  # the buffer's rows: the runner's largest batch, set at its first dispatch
         self.first: np.ndarray | None = None  # each request's first query position, by index
         self.count: np.ndarray | None = None  # and its number of query tokens
-        self.buffers: dict[torch.device, GraphRanges] = {}
+        self.buffer: GraphRanges | None = None  # one model runner, one device: one buffer
+        # this step's answer, for vLLM's further calls with the same ranges (0.32 builds the
+        # tensor once per attention group): (ranges object, num_seqs, rows)
+        self.answer: tuple[object, int, torch.Tensor] | None = None
         self.refused = False  # a step was kept out of FULL graphs (logged once)
+
+    def new_step(self, first: np.ndarray | None, count: np.ndarray | None) -> None:
+        self.first, self.count, self.answer = first, count, None
 
     def ranges_tensor(
         self,
@@ -129,16 +135,18 @@ class Step:
         tensor where the step's ranges do not fit (a step the dispatch kept out of FULL graphs)."""
         if ranges is None or self.first is None or self.count is None:
             return fallback(ranges, num_seqs, device)
+        if self.answer is not None and self.answer[0] is ranges and self.answer[1] == num_seqs:
+            return self.answer[2]  # (already copied for this step)
         kept = step_ranges(ranges, self.first, self.count)
         if len(kept) < len(ranges):  # a request the dispatch did not see: keep vLLM's
             return fallback(ranges, num_seqs, device)
-        device = torch.device(device)
-        state = self.buffers.get(device)
-        if state is None:
-            state = GraphRanges(max(self.rows, num_seqs), self.width, device)
-            self.buffers[device] = state
-        rows = state.view(kept, num_seqs)
-        return rows if rows is not None else fallback(ranges, num_seqs, device)
+        if self.buffer is None:
+            self.buffer = GraphRanges(max(self.rows, num_seqs), self.width, torch.device(device))
+        rows = self.buffer.view(kept, num_seqs)
+        if rows is None:
+            return fallback(ranges, num_seqs, device)
+        self.answer = (ranges, num_seqs, rows)
+        return rows
 
 
 def graph_safe_compute(
@@ -168,11 +176,12 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
         if not step.rows:
             step.rows = max(int(self.max_num_reqs), int(self.max_num_tokens))
         try:
-            step.first, step.count = _windows(self, bound.arguments)
-            overflow = _overflows(self, step.first, step.count, step.width)
+            first, count = _windows(self, bound.arguments)
+            step.new_step(first, count)
+            overflow = _overflows(self, first, count, step.width)
         except Exception:  # never fail a step over the check: the safe answer is "no FULL"
             logger.warning("gemma4_batched_encoder: range count check failed", exc_info=True)
-            step.first = step.count = None  # (and vLLM's own tensor for this step)
+            step.new_step(None, None)  # (and vLLM's own tensor for this step)
             overflow = True
         if overflow:
             bound.arguments[refuse] = True
@@ -211,6 +220,10 @@ def _overflows(runner: Any, first: np.ndarray, count: np.ndarray, width: int) ->
     batch = runner.input_batch
     for req_id in batch.req_ids[: len(first)]:
         index = batch.req_id_to_index[req_id]
+        if count[index] <= width:
+            # disjoint ranges of >= 1 token each: a window of `count` tokens meets at most
+            # `count` of them (every decoding request, without looking at its features)
+            continue
         ranges = [
             r
             for feature in runner.requests[req_id].mm_features
