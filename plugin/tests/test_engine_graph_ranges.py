@@ -74,6 +74,38 @@ def test_buffer_rows_keep_their_address_and_refuse_what_does_not_fit() -> None:
     assert state.view({}, 5) is None  # more requests than rows
 
 
+def test_one_fill_per_step_for_every_attention_group() -> None:
+    """vLLM 0.32 asks once per attention group with the step's one ranges dict: one copy."""
+    step = G.Step(width=2)
+    stock_calls: list[int] = []
+
+    def stock(ranges: Any, num_seqs: int, device: Any) -> None:
+        stock_calls.append(num_seqs)
+
+    step.new_step(np.array([0, 9]), np.array([8, 1]))
+    ranges = {0: [(1, 4)], 1: [(2, 3)]}
+    a = step.ranges_tensor(stock, ranges, 2, "cpu")
+    step.buffer.buffer.fill_(7)  # type: ignore[union-attr]  (a second fill would undo this)
+    assert step.ranges_tensor(stock, ranges, 2, "cpu") is a and a.eq(7).all()
+    step.new_step(np.array([0, 9]), np.array([8, 1]))  # the next step fills again
+    assert step.ranges_tensor(stock, ranges, 2, "cpu").tolist() == [
+        [[1, 4], [0, 0]],
+        [[0, 0], [0, 0]],
+    ]
+    assert stock_calls == []
+
+
+def test_overflow_check_skips_windows_no_wider_than_the_buffer() -> None:
+    """A window of n tokens meets at most n disjoint ranges: decoding requests are not read."""
+    runner = SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1}),
+        requests={},  # any look at a request's features would raise KeyError
+    )
+    assert not G._overflows(runner, np.array([50, 70]), np.array([1, 2]), width=2)
+    with pytest.raises(KeyError):
+        G._overflows(runner, np.array([50, 70]), np.array([3, 1]), width=2)
+
+
 class Placeholder:
     def __init__(self, ranges: list[tuple[int, int]]) -> None:
         self._ranges = ranges
@@ -132,29 +164,42 @@ class Runner020:
         self, attn_metadata: Any, req_doc_ranges: dict[int, list[tuple[int, int]]]
     ) -> None:
         # vLLM 0.20.0, vllm/v1/worker/gpu_model_runner.py:6418-6456 (docstring dropped)
+        from vllm.v1.attention.backends.triton_attn import (
+            TritonAttentionMetadata,
+        )
+
+        # Get all metadata objects from either list or dict structure
         metadata_list = []
         if isinstance(attn_metadata, list):
             for ub_metadata in attn_metadata:
                 metadata_list.extend(ub_metadata.values())
         else:
             metadata_list.extend(attn_metadata.values())
+        # Set mm_prefix_range for all metadata and compute tensor once
         shared_tensor = None
         for metadata in metadata_list:
-            metadata.mm_prefix_range = req_doc_ranges
-            if isinstance(metadata, TritonMetadata020):
+            metadata.mm_prefix_range = req_doc_ranges  # type: ignore[attr-defined]
+
+            # Only compute tensor for TritonAttentionMetadata
+            if isinstance(metadata, TritonAttentionMetadata):
                 if shared_tensor is None:
-                    shared_tensor = TritonMetadata020.compute_mm_prefix_range_tensor(
-                        req_doc_ranges, metadata.seq_lens.shape[0], metadata.seq_lens.device
+                    shared_tensor = TritonAttentionMetadata.compute_mm_prefix_range_tensor(
+                        req_doc_ranges,
+                        metadata.seq_lens.shape[0],  # type: ignore[attr-defined]
+                        metadata.seq_lens.device,  # type: ignore[attr-defined]
                     )
                 metadata.mm_prefix_range_tensor = shared_tensor
 
     def step(self) -> dict[str, TritonMetadata020]:
         """One engine step as vLLM 0.20 orders it: dispatch, then the metadata's ranges."""
+        import vllm.v1.attention.backends.triton_attn as triton_attn
+
         n = len(self.input_batch.req_ids)
         self._determine_batch_execution_and_padding(
             int(self.scheduled.sum()), n, self.scheduled, int(self.scheduled.max()), False
         )
-        metadata = {"layer.0": TritonMetadata020(n), "layer.1": TritonMetadata020(n)}
+        metadata_class = triton_attn.TritonAttentionMetadata  # (the fixture's 0.20 stand-in)
+        metadata = {"layer.0": metadata_class(n), "layer.1": metadata_class(n)}
         doc = {
             i: self.requests[r].mm_features[0].mm_position.extract_embeds_range()
             for i, r in enumerate(self.input_batch.req_ids)
@@ -165,8 +210,9 @@ class Runner020:
 
 @pytest.fixture
 def vllm020(monkeypatch: pytest.MonkeyPatch) -> type[Runner020]:
-    """A 0.20-shaped runner and metadata class standing where vLLM keeps them, patched by
-    `install` (monkeypatch puts vLLM's own back afterwards)."""
+    """A 0.20-shaped runner and metadata class standing where vLLM keeps them (the runner's
+    verbatim code imports the metadata class from there), patched by `install` (monkeypatch puts
+    vLLM's own back afterwards)."""
     import vllm.v1.attention.backends.triton_attn as triton_attn
     import vllm.v1.worker.gpu_model_runner as runner_module
 
@@ -181,7 +227,6 @@ def vllm020(monkeypatch: pytest.MonkeyPatch) -> type[Runner020]:
     )
     monkeypatch.setattr(runner_module, "GPUModelRunner", Runner)
     monkeypatch.setattr(triton_attn, "TritonAttentionMetadata", Metadata)
-    monkeypatch.setattr(__name__ + ".TritonMetadata020", Metadata)  # what the runner's code names
     assert G.install(2) is True
     return Runner
 
