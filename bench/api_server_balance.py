@@ -31,16 +31,17 @@ import stack
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def api_servers() -> dict[str, int]:
-    """VLLM::APIServer_N process title -> pid (vLLM sets the titles)."""
+def api_servers(group: int) -> dict[str, int]:
+    """VLLM::APIServer_N process title -> pid (vLLM sets the titles), in process group `group`
+    (the server's: another vLLM on this machine is not counted)."""
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().strip()
-        except OSError:
+            if title.startswith("VLLM::APIServer") and os.getpgid(int(pid)) == group:
+                found[title] = int(pid)
+        except OSError:  # (gone meanwhile)
             continue
-        if title.startswith("VLLM::APIServer"):
-            found[title] = int(pid)
     return found
 
 
@@ -86,7 +87,8 @@ def main() -> None:
             extra_args=["--api-server-count", str(args.api_servers)],
         ).start()
         try:
-            pids = api_servers()
+            assert server.process is not None and server.process.popen is not None
+            pids = api_servers(os.getpgid(server.process.popen.pid))
             if len(pids) != args.api_servers:
                 sys.exit(f"expected {args.api_servers} API-server processes, found {pids}")
             rows = []

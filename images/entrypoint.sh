@@ -59,9 +59,9 @@ if [[ "${GEMMA4_WARMUP:-0}" != 1 ]]; then
   exec "${SERVE[@]}"
 fi
 
-# Warm-up: the pod turns Ready only after first-time work (kernels compiled for new batch mixes,
-# bench/results/h200/vllm-0.20.0-10-engine/NOTES.md) has happened on synthetic requests. A
-# failed warm-up is logged and the server serves anyway: it only costs the first users' latency.
+# Warm-up: the pod turns Ready only after first-time work (Triton kernels compiled for new batch
+# mixes, bench/results/h200/vllm-0.20.0-11-warmup-full/NOTES.md) has happened on synthetic
+# requests. A failed warm-up is logged and the server serves anyway: it only costs the first users' latency.
 DONE_FILE="${GEMMA4_WARMUP_DONE_FILE:-/tmp/gemma4-warmup-done}"
 rm -f "$DONE_FILE" # an emptyDir outlives a container restart: never trust an old one
 read -r -a WARMUP_ARGS <<<"${GEMMA4_WARMUP_ARGS:-}"

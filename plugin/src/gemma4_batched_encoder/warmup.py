@@ -2,15 +2,17 @@
 takes real requests, so first-time work happens here and not in a user's request.
 
 What a fresh vLLM does the first time it meets a batch mix, beyond its own start-up warm-up
-(which runs text-only dummy batches): vLLM 0.20's Triton attention kernel takes the step's
-image ranges as a constexpr and specialises its `num_seqs` argument on "== 1" / "divisible by
-16" / other, so the first step with image ranges and 2+ sequences, and the first with 16, each
-compile new kernels. On the H200 each server had one burst in which every request waited
-~0.7-1 s with the encoder idle (bench/results/h200/vllm-0.20.0-10-engine/NOTES.md, section 3).
-So the warm-up sends, in order: one text request, one image, then for each burst size k, k
-videos at once (default 1, 2 and 16: the three classes), each with the frame count real
-traffic uses (the ranges' count is the frames'), then images at once (default 2 and 16: an
-image is one range, another constexpr value). Unique pixels per request; 10 output tokens.
+(which runs text-only dummy batches): Triton compiles new specialisations of its kernels. vLLM
+0.20's attention kernel takes the step's image ranges as a constexpr and Triton specialises
+integer arguments such as `num_seqs` on "== 1" / "divisible by 16" / other. On the H200 a fresh
+server's first burst of 8 videos waited 738..835 ms while `kernel_unified_attention` compiled;
+after this warm-up (then bursts 1, 2, 16) that burst took 115..186 ms on one server and
+307..394 ms on another, which compiled the slot-mapping kernel for it
+(bench/results/h200/vllm-0.20.0-11-warmup-full/NOTES.md, section 1). So the warm-up sends, in
+order: one text request, one image, then for each burst size k, k videos at once (default 1, 2,
+4, 8 and 16), each with the frame count real traffic uses (the ranges' count is the frames'),
+then images at once (default 2 and 16: an image is one range, another constexpr value). Unique
+pixels per request; 10 output tokens.
 
 Exits 0 when every request got a 200, 1 otherwise (the server answered but refused something:
 its reasons are printed), 2 when the server did not come up in --wait seconds. Prints one JSON
