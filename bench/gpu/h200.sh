@@ -6,6 +6,9 @@
 #   bench/gpu/h200.sh stage                 copy the carried .whl/**/part-* into /tmp/parts
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
 #   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
+#   bench/gpu/h200.sh graph-ranges          GEMMA4_ENGINE_GRAPH_RANGES' buffer in vLLM's compiled Triton
+#                                           attention, bitwise against vLLM's range tensor, and
+#                                           replayed from a CUDA graph after a refill (seconds)
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
 #   bench/gpu/h200.sh graphs                the encoder's CUDA graphs: verify fused (padded + unpadded
 #                                           frames), unfused unpadded, fast; exact-fused vs fast timings
@@ -112,6 +115,12 @@ verify | encoder)
     --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
   python3 bench/media_stages.py --processor-only --model "$MODEL_DIR" --out "$OUT/media-processor-only.json" ||
     echo "media stages: exit $?"
+  ;;
+graph-ranges)
+  cd "$REPO"
+  python3 plugin/tests/graph_ranges_kernel_check.py --device cuda >"$OUT/graph-ranges-kernel.json" ||
+    echo "graph-ranges check: exit $?"
+  python3 -c "import json; d=json.load(open('$OUT/graph-ranges-kernel.json')); [print(k, v) for k, v in d.items()]"
   ;;
 graphs)
   # The encoder's CUDA graphs under the host's transformers (5.17 builds an all-true mask while a

@@ -49,6 +49,9 @@ def test_vllm_kernel_gives_the_same_attention_from_the_buffer() -> None:
             "ranges_matter": True,  # (the check would see a lost range)
             "dropping_a_range_changes_output": True,
             "text_zero_rows_equal_none": True,  # text-only steps: zero rows = no ranges
+            # decode-only steps run vLLM's split-softmax kernel: no rows = vLLM's = none
+            "decode_3d_buffer_equals_vllm": True,
+            "decode_3d_buffer_equals_none": True,
         }
 
 
@@ -290,10 +293,51 @@ def test_install_leaves_a_vllm_without_the_hooks_alone(
     assert G.install(0) is False
 
 
-@pytest.mark.parametrize(("raw", "width"), [("on", 16), ("1", 16), ("8", 8), ("off", 0), ("0", 0)])
-def test_setting(monkeypatch: pytest.MonkeyPatch, raw: str, width: int) -> None:
+@pytest.mark.parametrize(
+    ("raw", "width"),
+    [("on", 16), ("1", 16), ("8", 8), ("off", 0), ("0", 0), ("auto", None), ("", None)],
+)
+def test_setting(monkeypatch: pytest.MonkeyPatch, raw: str, width: int | None) -> None:
     monkeypatch.setenv("GEMMA4_ENGINE_GRAPH_RANGES", raw)
     assert Settings.from_env().engine_graph_ranges == width
+
+
+def test_setting_defaults_to_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GEMMA4_ENGINE_GRAPH_RANGES", raising=False)
+    assert Settings.from_env().engine_graph_ranges is None
+
+
+def _config(mode: str) -> SimpleNamespace:
+    from vllm.config import CompilationConfig  # vLLM's own config and mode enum
+
+    return SimpleNamespace(compilation_config=CompilationConfig(cudagraph_mode=mode))
+
+
+@pytest.mark.parametrize(
+    ("mode", "width"),
+    [
+        ("FULL", 16),  # mixed prefill-decode batches captured whole: ranges through the buffer
+        ("FULL_AND_PIECEWISE", 0),  # whole graphs only for uniform decode (no image queries)
+        ("FULL_DECODE_ONLY", 0),
+        ("PIECEWISE", 0),
+        ("NONE", 0),
+    ],
+)
+def test_auto_turns_the_buffer_on_exactly_for_full_mixed_graphs(mode: str, width: int) -> None:
+    assert G.resolve_width(None, _config(mode)) == width
+
+
+def test_an_explicit_width_wins_and_full_without_the_buffer_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert G.resolve_width(8, _config("FULL")) == 8
+        assert G.resolve_width(0, _config("PIECEWISE")) == 0
+        assert "lose their bidirectional attention" not in caplog.text
+        assert G.resolve_width(0, _config("FULL")) == 0
+    assert "cudagraph_mode FULL with GEMMA4_ENGINE_GRAPH_RANGES=0" in caplog.text
+    # a config without a compilation config (or an unknown mode object): nothing to decide on
+    assert G.resolve_width(None, SimpleNamespace()) == 0
 
 
 def test_setting_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ Gemma 4 attends bidirectionally inside each image or video frame. vLLM (0.20 thr
 least) passes those ranges to its Triton attention kernel as a tensor built afresh each step
 (``compute_mm_prefix_range_tensor``), and no tensor at all when the step has none. A FULL CUDA
 graph (``cudagraph_mode: FULL``, which captures mixed prefill-decode batches whole) is captured on
-dummy batches without images, so it bakes in the kernel without ranges and replays it for steps
+dummy batches without images, so it bakes in their (empty) ranges and replays them for steps
 with images: image tokens then attend causally only. On the H200 (vLLM 0.20.0) FULL graphs served
 40 video req/s at p95 201 ms where the default graphs gave 760 ms, because the language model's
 launches bound the engine, but with that error (eleventh sitting, section 3).
@@ -25,8 +25,10 @@ vLLM's compact tensor, as without this patch.
 
 Costs: every attention launch runs the kernel's range branch (N loads a tile, and no
 sliding-window tile pruning: vLLM skips it whenever ranges are passed), so one kernel variant
-serves all steps (which also removes the per-range-count recompiles). Not measured on a GPU yet;
-opt-in. A vLLM without these hooks is left as it is, with a warning.
+serves all steps (which also removes the per-range-count recompiles). On the H200 (vLLM 0.20.0,
+twelfth sitting) FULL graphs with the buffer served 40 / 55 video req/s at p95 185 / 294 ms:
+the branch's cost did not show. Default ``auto``: on exactly when ``cudagraph_mode`` is FULL
+(``resolve_width``). A vLLM without these hooks is left as it is, with a warning.
 """
 
 from __future__ import annotations
@@ -264,6 +266,44 @@ def _range_function() -> tuple[Any, str] | None:
     if hasattr(triton_attn, "compute_mm_prefix_range_tensor"):
         return triton_attn, "compute_mm_prefix_range_tensor"
     return None
+
+
+AUTO_WIDTH = 16  # a 6-frame video is 6 ranges; 16 images or frames in one prefill chunk
+
+
+def full_mixed_graphs(vllm_config: Any) -> bool:
+    """Whether this vLLM config captures mixed prefill-decode batches in FULL CUDA graphs
+    (``cudagraph_mode`` FULL; FULL_AND_PIECEWISE and FULL_DECODE_ONLY graph only uniform decode
+    batches whole, whose query tokens are never image tokens)."""
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    mixed = getattr(mode, "mixed_mode", None)
+    if mode is None or not callable(mixed):
+        return False
+    return getattr(mixed(), "name", None) == "FULL"
+
+
+def resolve_width(setting: int | None, vllm_config: Any) -> int:
+    """The buffer width to install: the setting, or for ``auto`` (None) AUTO_WIDTH exactly when
+    FULL graphs capture mixed batches. Warns when FULL graphs run with the buffer switched off."""
+    full = full_mixed_graphs(vllm_config)
+    if setting is None:
+        if full:
+            logger.info(
+                "gemma4_batched_encoder: cudagraph_mode FULL captures mixed prefill-decode "
+                "batches whole: image ranges go through the graph-safe buffer (%s=auto -> %d)",
+                ENV,
+                AUTO_WIDTH,
+            )
+        return AUTO_WIDTH if full else 0
+    if full and setting == 0:
+        logger.warning(
+            "gemma4_batched_encoder: cudagraph_mode FULL with %s=0: vLLM replays FULL graphs "
+            "captured without Gemma 4's image ranges, so image and video tokens lose their "
+            "bidirectional attention in graphed steps (outputs differ); unset %s (auto) to keep it",
+            ENV,
+            ENV,
+        )
+    return setting
 
 
 def install(width: int) -> bool:

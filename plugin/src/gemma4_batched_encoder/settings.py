@@ -66,9 +66,13 @@ def _int(name: str, default: int) -> int:
     return value
 
 
-def _width(name: str) -> int:
-    """A count where on/off also reads: on = 16 (a 6-frame video is 6 ranges), off = 0."""
-    switch = parse_switch(os.environ.get(name, ""))
+def _width(name: str) -> int | None:
+    """A count where on/off also reads: on = 16 (a 6-frame video is 6 ranges), off = 0; unset,
+    empty or "auto": None (the caller decides)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    switch = parse_switch(raw)
     if switch is not None:
         return 16 if switch else 0
     return _int(name, 0)
@@ -102,9 +106,10 @@ class Settings:
     # pinned memory (engine_mm_batching.py; same tensors). Opt-in until measured served.
     engine_gpu_batching: bool = False
     # Gemma 4's image ranges in a persistent buffer of this many ranges a request, so FULL CUDA
-    # graphs keep them (engine_graph_ranges.py); 0 = vLLM's per-step tensor. Opt-in: not
-    # measured on a GPU yet.
-    engine_graph_ranges: int = 0
+    # graphs keep them (engine_graph_ranges.py); 0 = vLLM's per-step tensor; None ("auto", the
+    # default) = 16 exactly when vLLM's cudagraph mode captures mixed prefill-decode batches
+    # whole (FULL), which without it replays image steps with the ranges lost.
+    engine_graph_ranges: int | None = None
     # Soft-token budgets whose CUDA graphs exact mode captures at its first call (the profile
     # run), every batch bucket, padded and not (encoder.py `_warm_graphs`); () = capture lazily.
     # 70: Gemma 4's video frames.

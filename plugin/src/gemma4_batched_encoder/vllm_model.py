@@ -12,6 +12,7 @@ Patch ledger: plugin/README.md.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,26 +59,29 @@ def _flatten_counts(value: Any) -> list[int] | None:
     return out if value is not None and walk(value) else None
 
 
-def _engine_patches(settings: Settings) -> None:
+def _engine_patches(settings: Settings, vllm_config: Any) -> None:
     """The model runner's patches (engine_mm_*.py), each on its own: one that fails is logged
     and leaves vLLM's code, and the encoder override, as they are."""
     on_cpu = current_platform.is_cpu()
-    patches = (
-        ("GEMMA4_ENGINE_ASYNC_RANGES", engine_mm_ranges.install, (settings.engine_async_ranges,)),
+    patches: tuple[tuple[str, Callable[[], object]], ...] = (
+        (
+            "GEMMA4_ENGINE_ASYNC_RANGES",
+            lambda: engine_mm_ranges.install(settings.engine_async_ranges),
+        ),
         (
             "GEMMA4_ENGINE_GPU_BATCHING",
-            engine_mm_batching.install,
-            (settings.engine_gpu_batching, on_cpu),
+            lambda: engine_mm_batching.install(settings.engine_gpu_batching, on_cpu),
         ),
         (
             "GEMMA4_ENGINE_GRAPH_RANGES",
-            engine_graph_ranges.install,
-            (settings.engine_graph_ranges,),
+            lambda: engine_graph_ranges.install(
+                engine_graph_ranges.resolve_width(settings.engine_graph_ranges, vllm_config)
+            ),
         ),
     )
-    for name, install, args in patches:
+    for name, install in patches:
         try:
-            install(*args)
+            install()
         except Exception:
             logger.warning("gemma4_batched_encoder: %s not applied", name, exc_info=True)
 
@@ -96,7 +100,7 @@ class Gemma4ForConditionalGeneration(_Upstream):
             settings = Settings.from_env()
             # Only the engine core (one GPU) or the workers build the model; API servers don't.
             set_engine_torch_threads(settings.engine_torch_threads, current_platform.is_cpu())
-            _engine_patches(settings)
+            _engine_patches(settings, vllm_config)
             active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
         except Exception:
