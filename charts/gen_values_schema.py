@@ -167,6 +167,16 @@ VALUES = obj(
                     "minimum": 1,
                     "description": "--api-server-count; null = vLLM's default",
                 },
+                "maxNumBatchedTokens": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "description": "--max-num-batched-tokens; null = vLLM's default",
+                },
+                "compilationConfig": {
+                    "type": "object",
+                    "description": "vLLM's --compilation-config as a map (one JSON argument); "
+                    "{} = vLLM's default",
+                },
                 "apiKey": ref("secretRef"),
                 "pluginEnv": {
                     "type": "object",

@@ -110,6 +110,47 @@ def test_extra_args_and_api_server_count():
     assert "args" not in one  # null: vLLM's own default
 
 
+def test_compilation_config_and_batched_tokens_render_before_extra_args():
+    container = deployment_container(
+        render("full-cuda-graphs", sets=("server.extraArgs={--max-num-seqs,64}",))
+    )
+    assert container["args"] == [
+        *("--api-server-count", "8"),
+        *("--max-num-batched-tokens", "2560"),
+        *("--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}'),
+        *("--max-num-seqs", "64"),  # last: a user's flag still wins
+    ]
+    # FULL graphs keep the image ranges through the plugin's auto default: nothing to set
+    assert "GEMMA4_ENGINE_GRAPH_RANGES" not in env_of(container)
+    default = deployment_container(render("default"))["args"]
+    assert "--compilation-config" not in default and "--max-num-batched-tokens" not in default
+
+
+@pytest.mark.parametrize("value", ["0", "off", "false"])
+def test_full_graphs_without_the_range_buffer_are_refused(value):
+    from chartlib import helm
+
+    proc = helm(
+        "template",
+        "x",
+        str(profile_file("full-cuda-graphs").parents[1]),
+        "-f",
+        str(profile_file("full-cuda-graphs")),
+        "--set",
+        f"server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES={value}",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "drop Gemma 4's image ranges" in proc.stderr
+    # an explicit width is the user's choice, and the plugin keeps the ranges with it
+    env = env_of(
+        deployment_container(
+            render("full-cuda-graphs", sets=("server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES=8",))
+        )
+    )
+    assert env["GEMMA4_ENGINE_GRAPH_RANGES"]["value"] == "8"
+
+
 def test_flag_override_is_appended_verbatim():
     values = (
         "server:\n  extraArgs: [--limit-mm-per-prompt, '{\"image\": 4}', --enable-prefix-caching]\n"

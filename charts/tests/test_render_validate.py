@@ -39,6 +39,7 @@ def test_profiles_present():
         "minimal",
         "autoscaling-multi-replica",
         "no-prometheus-operator",
+        "full-cuda-graphs",
     }
 
 
