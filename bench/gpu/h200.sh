@@ -120,7 +120,8 @@ graph-ranges)
   cd "$REPO"
   python3 plugin/tests/graph_ranges_kernel_check.py --device cuda >"$OUT/graph-ranges-kernel.json" ||
     echo "graph-ranges check: exit $?"
-  python3 -c "import json; d=json.load(open('$OUT/graph-ranges-kernel.json')); [print(k, v) for k, v in d.items()]"
+  python3 -c "import json; d=json.load(open('$OUT/graph-ranges-kernel.json')); [print(k, v) for k, v in d.items()]" ||
+    true # (a failed check left no JSON: its exit status is printed above)
   ;;
 graphs)
   # The encoder's CUDA graphs under the host's transformers (5.17 builds an all-true mask while a

@@ -126,8 +126,8 @@ def test_compilation_config_and_batched_tokens_render_before_extra_args():
     assert "--compilation-config" not in default and "--max-num-batched-tokens" not in default
 
 
-@pytest.mark.parametrize("value", ["0", "off", "false"])
-def test_full_graphs_without_the_range_buffer_are_refused(value):
+@pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
+def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
     from chartlib import helm
 
     proc = helm(
@@ -138,6 +138,8 @@ def test_full_graphs_without_the_range_buffer_are_refused(value):
         str(profile_file("full-cuda-graphs")),
         "--set",
         f"server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES={value}",
+        "--set",
+        f"server.compilationConfig.cudagraph_mode={mode}",  # vLLM also takes "full"
         check=False,
     )
     assert proc.returncode != 0

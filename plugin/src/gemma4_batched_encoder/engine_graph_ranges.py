@@ -43,6 +43,7 @@ import torch
 
 from .log import logger
 from .metrics import get_metrics
+from .settings import GRAPH_RANGES_ON as AUTO_WIDTH
 
 ENV = "GEMMA4_ENGINE_GRAPH_RANGES"
 _PATCHED = "_gemma4_graph_ranges"
@@ -268,18 +269,13 @@ def _range_function() -> tuple[Any, str] | None:
     return None
 
 
-AUTO_WIDTH = 16  # a 6-frame video is 6 ranges; 16 images or frames in one prefill chunk
-
-
 def full_mixed_graphs(vllm_config: Any) -> bool:
     """Whether this vLLM config captures mixed prefill-decode batches in FULL CUDA graphs
     (``cudagraph_mode`` FULL; FULL_AND_PIECEWISE and FULL_DECODE_ONLY graph only uniform decode
     batches whole, whose query tokens are never image tokens)."""
     mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
     mixed = getattr(mode, "mixed_mode", None)
-    if mode is None or not callable(mixed):
-        return False
-    return getattr(mixed(), "name", None) == "FULL"
+    return callable(mixed) and getattr(mixed(), "name", None) == "FULL"
 
 
 def resolve_width(setting: int | None, vllm_config: Any) -> int:

@@ -66,15 +66,20 @@ def _int(name: str, default: int) -> int:
     return value
 
 
+# GEMMA4_ENGINE_GRAPH_RANGES' width for "on" and "auto": a 6-frame video is 6 ranges, so 16
+# images or frames fit in one request's prefill chunk.
+GRAPH_RANGES_ON = 16
+
+
 def _width(name: str) -> int | None:
-    """A count where on/off also reads: on = 16 (a 6-frame video is 6 ranges), off = 0; unset,
-    empty or "auto": None (the caller decides)."""
+    """A count where on/off also reads: on = GRAPH_RANGES_ON, off = 0; unset, empty or "auto":
+    None (the caller decides)."""
     raw = os.environ.get(name, "").strip().lower()
     if raw in ("", "auto"):
         return None
     switch = parse_switch(raw)
     if switch is not None:
-        return 16 if switch else 0
+        return GRAPH_RANGES_ON if switch else 0
     return _int(name, 0)
 
 
