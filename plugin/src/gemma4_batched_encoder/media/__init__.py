@@ -27,6 +27,10 @@ API-server ("frontend") processes, so only there does it patch anything:
 - with the fast path on, on vLLM 0.27+, the OpenCV loader's frame-count check (an end-of-stream
   seek that decodes a short clip once more) runs on a second capture beside the frame decode
   (`count_check`: same frames and metadata, less decode wall time, same CPU time);
+- with the fast path on and `GEMMA4_MEDIA_OVERLAP_THREADS` > 0 (default 0), each frame vLLM's
+  OpenCV loader retrieves is resized and patchified on that many threads while the next one
+  decodes, and the image processor takes the prepared patches after checking the frame is
+  byte for byte the same (`overlap`: same tensors, less time to first token);
 - with the fast path and `GEMMA4_MEDIA_UINT8=on` (default off), pixel values leave as the uint8
   patches and the plugin's model class rescales them on the device with stock's arithmetic
   (`..pixels`: same tensors reach the encoder, a quarter of the bytes to serialise and copy);
@@ -40,7 +44,8 @@ vLLM `VideoMediaIO.load_bytes` / `.load_base64` (vllm/multimodal/media/video.py,
 vllm/multimodal/video.py before 0.27) and
 `Gemma4MultiModalProcessor._apply_hf_processor_main` (vllm/model_executor/models/gemma4_mm.py),
 the last three for timing only; `gemma4_mm.PILImage` (see `frames`);
-`OpenCVVideoBackendMixin.open_video_capture` (see `decode`); transformers
+`OpenCVVideoBackendMixin.open_video_capture` (see `decode`; its captures wrapped, see
+`overlap`); transformers
 `Gemma4Processor.__call__` (see `frame_call`); vLLM `MultiModalHasher.serialize_item` and
 `VideoMediaIO.load_bytes` before 0.27 (see `source_key`); `video_decoders.opencv.decode_opencv`
 (see `count_check`).
@@ -58,7 +63,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..vllm_modules import VIDEO_IO_MODULES, first_attr
-from . import count_check, decode, frame_call, frames, source_key, stages
+from . import count_check, decode, frame_call, frames, overlap, source_key, stages
 from .env import ENV_UINT8, switch, thread_count, uint8_requested
 
 # Under `vllm.` so vLLM's handler prints it (see ../log.py).
@@ -185,15 +190,24 @@ def install() -> bool:
             "count check kept first", lambda: count_check.install(fast_path_enabled), False
         )
         threads = decode.decode_threads()
-        decode_patched = _guarded(
-            "decode threads not set", lambda: decode.install(fast_path_enabled, threads), False
+        overlapping = _guarded(
+            "decode overlap off", lambda: overlap.install(overlap.overlap_threads()), None
         )
+        decode_patched = _guarded(
+            "decode threads not set",
+            lambda: decode.install(
+                fast_path_enabled, threads, overlap.wrap_capture, force=overlapping is not None
+            ),
+            False,
+        )
+        if not decode_patched:
+            overlap.uninstall()  # no capture would feed it
         _installed = True
         logger.info(
             "gemma4 media: installed (fast path %s, video frames as arrays %s, "
             "video decode threads %s, frame threads %s, frame call via image processor %s, "
             "video cache keys from bytes %s, frame-count check beside the decode %s, "
-            "uint8 pixel values %s)",
+            "decode overlap threads %s, uint8 pixel values %s)",
             "on" if _fast_enabled else "off",
             "on" if array_frames and _fast_enabled else "off",
             threads if decode_patched and _fast_enabled else "as vLLM",
@@ -201,6 +215,7 @@ def install() -> bool:
             "on" if short_call and array_frames and _fast_enabled else "off",
             "on" if keyed and _fast_enabled else "off",
             "on" if count_beside and _fast_enabled else "off",
+            overlapping.threads if overlapping and decode_patched and _fast_enabled else "off",
             "on" if _uint8_enabled else "off",
         )
         return True

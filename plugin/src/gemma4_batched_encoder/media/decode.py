@@ -10,7 +10,9 @@ FFmpeg's decoders are exact whatever the thread count: the frames are the same (
 vLLM's loader, mp4v and VP9).
 
 `GEMMA4_MEDIA_DECODE_THREADS` (default 1; 0 leaves OpenCV's default) applies while the media fast
-path is on. Patch ledger: `OpenCVVideoBackendMixin.open_video_capture`
+path is on; the same patched open hands each capture to the decode overlap when that is on
+(`overlap.py`, `GEMMA4_MEDIA_OVERLAP_THREADS`).
+Patch ledger: `OpenCVVideoBackendMixin.open_video_capture`
 (vllm/multimodal/video_decoders/opencv.py on 0.32+, vllm/multimodal/video.py on 0.20-0.31); only
 when its source is the one-line open this replaces, so a changed upstream is left alone.
 """
@@ -55,9 +57,17 @@ def open_capture(data: bytes, api: Any, threads: int) -> Any:
     return cap
 
 
-def install(enabled: Callable[[], bool], threads: int) -> bool:
-    """Set the decode threads of vLLM's OpenCV loader; False where nothing was patched."""
-    if threads <= 0:
+def install(
+    enabled: Callable[[], bool],
+    threads: int,
+    wrap: Callable[[Any], Any] | None = None,
+    *,
+    force: bool = False,
+) -> bool:
+    """Set the decode threads of vLLM's OpenCV loader (threads > 0) and pass each capture it
+    opens through `wrap` (the decode overlap's `overlap.wrap_capture`); patched when threads > 0
+    or `force`. False where nothing was patched."""
+    if threads <= 0 and not force:
         return False
     mixin = find_mixin()
     if mixin is None:
@@ -79,7 +89,8 @@ def install(enabled: Callable[[], bool], threads: int) -> bool:
     def open_video_capture(cls: Any, data: bytes) -> Any:
         if not enabled():
             return original(cls, data)
-        return open_capture(data, cls.get_cv2_video_api(), threads)
+        cap = open_capture(data, cls.get_cv2_video_api(), threads)
+        return cap if wrap is None else wrap(cap)
 
     setattr(open_video_capture, _PATCHED, True)
     open_video_capture.__wrapped__ = original  # type: ignore[attr-defined]

@@ -45,7 +45,9 @@ from transformers.models.gemma4.image_processing_gemma4 import (
 )
 
 from ..pixels import UINT8_SCALE
+from . import overlap
 from .env import logger
+from .overlap import ResizeParams
 
 
 def rescale_exact(values: np.ndarray, factor: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -64,6 +66,24 @@ def position_ids(patch_height: int, patch_width: int, max_patches: int) -> torch
     return pos
 
 
+def patchify(images: np.ndarray, patch_size: int) -> np.ndarray:
+    """uint8 [N, C, H, W] images -> uint8 [N, n, p * p * C] patches (one numpy copy), in HF's
+    `convert_image_to_patches` layout: (row, col) patches, each flattened as (py, px, channel)."""
+    count, channels, height, width = images.shape
+    ph, pw = height // patch_size, width // patch_size
+    patches = images.reshape(count, channels, ph, patch_size, pw, patch_size)
+    patches = np.ascontiguousarray(patches.transpose(0, 2, 4, 3, 5, 1))
+    return patches.reshape(count, ph * pw, patch_size * patch_size * channels)
+
+
+def write_patches(patches: np.ndarray, factor: float | None, out: np.ndarray, row: int) -> None:
+    """`out[row, :n] = patches * factor` (factor None: the bytes as they are)."""
+    if factor is None:
+        out[row, : len(patches)] = patches
+    else:
+        rescale_exact(patches, factor, out=out[row, : len(patches)])
+
+
 def patchify_rescale_into(
     images: np.ndarray,
     patch_size: int,
@@ -72,23 +92,35 @@ def patchify_rescale_into(
     rows: Sequence[int],
 ) -> int:
     """Patchify uint8 [N, C, H, W] images and write `patch * factor` (factor None: the bytes
-    as they are) to `out[rows[i], :n]`.
-
-    Returns n, the patches per image. Patch layout is HF's `convert_image_to_patches`:
-    (row, col) patches, each flattened as (py, px, channel).
-    """
-    count, channels, height, width = images.shape
-    ph, pw = height // patch_size, width // patch_size
-    patches = images.reshape(count, channels, ph, patch_size, pw, patch_size)
-    patches = np.ascontiguousarray(patches.transpose(0, 2, 4, 3, 5, 1))
-    patches = patches.reshape(count, ph * pw, patch_size * patch_size * channels)
-    n = ph * pw
+    as they are) to `out[rows[i], :n]`; returns n, the patches per image."""
+    patches = patchify(images, patch_size)
     for i, row in enumerate(rows):
-        if factor is None:
-            out[row, :n] = patches[i]
-        else:
-            rescale_exact(patches[i], factor, out=out[row, :n])
-    return n
+        write_patches(patches[i], factor, out, row)
+    return patches.shape[1]
+
+
+def resize_target(height: int, width: int, params: ResizeParams) -> tuple[int, int]:
+    """The processor's resize target for an image of this size (its own function)."""
+    return get_aspect_ratio_preserving_size(
+        height=height,
+        width=width,
+        patch_size=params.patch_size,
+        max_patches=params.max_soft_tokens * params.pooling_kernel_size**2,
+        pooling_kernel_size=params.pooling_kernel_size,
+    )
+
+
+def resize_batch(
+    batch: np.ndarray, target: tuple[int, int] | None, params: ResizeParams
+) -> np.ndarray:
+    """uint8 [N, C, H, W] resized to `target` (None: as it is) with the stock call; the
+    antialiased bicubic kernel works per plane, so the batch size does not change any value."""
+    if target is None:
+        return batch
+    resized = tvF.resize(
+        torch.from_numpy(batch), size=list(target), interpolation=params.resample, antialias=True
+    )
+    return resized.numpy()
 
 
 _frame_threads = 1
@@ -134,20 +166,15 @@ def _process_rows(
     images: Sequence[torch.Tensor],
     rows: list[int],
     target: tuple[int, int] | None,
-    resample: Any,
-    patch_size: int,
+    params: ResizeParams,
     factor: float | None,
     out: np.ndarray,
 ) -> int:
     """Resize (to `target`, if any), patchify and rescale these same-size images into their
     rows of `out`; returns the patches per image."""
     batch = np.stack([images[i].numpy() for i in rows])  # single-threaded copy
-    if target is not None:
-        resized = tvF.resize(
-            torch.from_numpy(batch), size=list(target), interpolation=resample, antialias=True
-        )
-        batch = resized.numpy()
-    return patchify_rescale_into(batch, patch_size, factor, out, rows)
+    return patchify_rescale_into(resize_batch(batch, target, params), params.patch_size, factor,
+                                 out, rows)  # fmt: skip
 
 
 def preprocess_uint8(
@@ -179,34 +206,41 @@ def preprocess_uint8(
     for i, image in enumerate(images):
         groups.setdefault(tuple(image.shape), []).append(i)
     factor = rescale_factor if rescale else None
+    params = ResizeParams(resample, patch_size, pooling_kernel_size, max_soft_tokens)
+    frames = overlap.active()
+    if frames is not None:
+        frames.learn(params)
     for shape, rows in groups.items():
         _, height, width = shape
-        th, tw = height, width
-        if do_resize:
-            th, tw = get_aspect_ratio_preserving_size(
-                height=height,
-                width=width,
-                patch_size=patch_size,
-                max_patches=max_patches,
-                pooling_kernel_size=pooling_kernel_size,
-            )
+        th, tw = resize_target(height, width, params) if do_resize else (height, width)
         target = (th, tw) if (th, tw) != (height, width) else None
-        args = (target, resample, patch_size, factor, out)
-        first, *rest = _chunks(rows, threads)
-        if rest:
-            torch_threads = torch.get_num_threads()
-            pool = _executor(len(rest))
-            futures = [
-                pool.submit(_with_torch_threads, torch_threads, _process_rows, images, c, *args)
-                for c in rest
-            ]
-            n = _process_rows(images, first, *args)
-            for future in futures:
-                future.result()
-        else:
-            n = _process_rows(images, first, *args)
-        ph, pw = th // patch_size, tw // patch_size
-        pos = position_ids(ph, pw, max_patches)
+        n = (th // patch_size) * (tw // patch_size)
+        todo = rows
+        if frames is not None and frames.params == params:
+            # frames the decode overlap prepared: their patches as they are (same function)
+            todo = []
+            for row in rows:
+                patches = frames.take(images[row], params, (th, tw))
+                if patches is None:
+                    todo.append(row)
+                else:
+                    write_patches(patches, factor, out, row)
+        if todo:
+            args = (target, params, factor, out)
+            first, *rest = _chunks(todo, threads)
+            if rest:
+                torch_threads = torch.get_num_threads()
+                pool = _executor(len(rest))
+                futures = [
+                    pool.submit(_with_torch_threads, torch_threads, _process_rows, images, c, *args)
+                    for c in rest
+                ]
+                _process_rows(images, first, *args)
+                for future in futures:
+                    future.result()
+            else:
+                _process_rows(images, first, *args)
+        pos = position_ids(th // patch_size, tw // patch_size, max_patches)
         for row in rows:
             positions[row] = pos
             soft_tokens[row] = n // pooling_kernel_size**2
