@@ -4,7 +4,10 @@
 # servers (they outlive the call: setsid), measure, fetch. Results go to $OUT (device tool).
 #
 #   bench/gpu/h200.sh stage                 copy the carried .whl/**/part-* into /tmp/parts
+#   bench/gpu/h200.sh prebuild              build the model in the background (torch + transformers
+#                                           only: runs while the wheelhouse is still being staged)
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
+#                                           (and the model, unless prebuild is building it: waits)
 #   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
 #   bench/gpu/h200.sh graph-ranges          GEMMA4_ENGINE_GRAPH_RANGES' buffer in vLLM's compiled Triton
 #                                           attention, bitwise against vLLM's range tensor, and
@@ -23,7 +26,8 @@
 #   bench/gpu/h200.sh greedy NAME PORT TAG  greedy outputs (7 fixed requests) to NAME-greedy-TAG.json
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
-#                                           the video cache key
+#                                           the video cache key, the decode breakdown, the decode
+#                                           overlap
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -90,14 +94,31 @@ stage)
   find "$REPO/.whl" -name 'part-*' -exec cp {} /tmp/parts/ \;
   ls /tmp/parts | wc -l
   ;;
+prebuild)
+  # the model needs only the host's torch + transformers: build it while parts are staged
+  (
+    cd "$REPO"
+    setsid nohup bash -c "python3 local/build_model.py --vision e4b --text e4b --weights $WEIGHTS \
+      --device cuda --out $MODEL_DIR $BUILD_ARGS && touch /tmp/model-built" \
+      >/tmp/model-build.log 2>&1 &
+    echo $! >/tmp/model-build.pid
+  )
+  echo "building $MODEL_DIR in the background (/tmp/model-build.log)"
+  ;;
 install)
   t0=$(date +%s)
   mkdir -p /tmp/wh
   cat /tmp/parts/part-* | tar -x -C /tmp/wh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
-  python3 "$REPO/local/build_model.py" --vision e4b --text e4b --weights "$WEIGHTS" --device cuda \
-    --out "$MODEL_DIR" $BUILD_ARGS
+  if [[ -e /tmp/model-build.pid ]]; then
+    while kill -0 "$(cat /tmp/model-build.pid)" 2>/dev/null; do sleep 2; done
+    [[ -e /tmp/model-built ]] || { tail -n 20 /tmp/model-build.log; exit 1; }
+    echo "model built in the background: $(tail -n 1 /tmp/model-build.log)"
+  else
+    python3 "$REPO/local/build_model.py" --vision e4b --text e4b --weights "$WEIGHTS" --device cuda \
+      --out "$MODEL_DIR" $BUILD_ARGS
+  fi
   du -sh "$MODEL_DIR"
   python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
@@ -163,6 +184,9 @@ host)
   python3 bench/media_frame_call.py --model "$MODEL_DIR" --out "$OUT/media-frame-call.json" ||
     echo "frame call: exit $?"
   python3 bench/media_decode.py --reps 9 --out "$OUT/media-decode.json" || echo "decode: exit $?"
+  python3 bench/decode_breakdown.py --out "$OUT/decode-breakdown.json" || echo "breakdown: exit $?"
+  python3 bench/media_overlap.py --model "$MODEL_DIR" --out "$OUT/media-overlap.json" ||
+    echo "overlap: exit $?"
   ;;
 serve)
   name="${1:?name}" port="${2:?port}"
