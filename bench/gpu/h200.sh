@@ -98,6 +98,7 @@ prebuild)
   # the model needs only the host's torch + transformers: build it while parts are staged
   (
     cd "$REPO"
+    export PYTHONPATH="$REPO/plugin/src" # the builder reads the plugin's presets; not installed yet
     setsid nohup bash -c "python3 local/build_model.py --vision e4b --text e4b --weights $WEIGHTS \
       --device cuda --out $MODEL_DIR $BUILD_ARGS && touch /tmp/model-built" \
       >/tmp/model-build.log 2>&1 &
