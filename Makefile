@@ -64,9 +64,10 @@ bench: venv ## encoder benchmark on this machine: serial vs upstream-style vs pl
 	$(PY) -m gemma4_batched_encoder.bench --preset tiny --device cpu
 
 .PHONY: bench-media
-bench-media: venv ## media preprocessing per stage: stock processor vs fast path vs uint8 vs frame threads; decode with vLLM's frame-count check first vs beside; side by side
+bench-media: venv ## media preprocessing per stage: stock processor vs fast path vs uint8 vs frame threads; decode with vLLM's frame-count check first vs beside; decode overlap off vs on; side by side
 	$(PY) bench/media_stages.py --reps 15 --burst 8
 	$(PY) bench/media_count_check.py --reps 12
+	$(PY) bench/media_overlap.py --reps 12
 
 .PHONY: image
 image: ## build the container images with docker or buildah (images/build.sh)

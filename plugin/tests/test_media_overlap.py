@@ -44,7 +44,7 @@ def overlapping(vllm_processor):
     apply(vllm_processor, {"video": [decoded_video(2, 320, 240, seed=99)]})
     assert frames.params is not None and frames.params.max_soft_tokens == 70
     yield frames
-    overlap.uninstall()
+    overlap.uninstall(forget=True)
     media.set_fast_path(media.fast_path_requested())
 
 
@@ -90,6 +90,7 @@ def test_a_frame_changed_after_decode_is_computed(vllm_processor, overlapping) -
     before = counts()
     fast = apply(vllm_processor, {"video": [video]})
     assert delta(before) == {"prepared": 2, "missed": 1}
+    assert overlapping.waiting() == 1  # the frame as decoded: no input matches it any more
     assert_same_mm_kwargs(stock_of(vllm_processor, {"video": [video]}), fast)
 
 
@@ -107,6 +108,7 @@ def test_a_failing_worker_is_computed(vllm_processor, overlapping, monkeypatch) 
 
 
 def test_nothing_is_prepared_before_the_parameters_are_known(vllm_processor) -> None:
+    overlap.uninstall(forget=True)
     frames = overlap.install(1)
     assert frames is not None and frames.params is None
     try:
@@ -114,7 +116,7 @@ def test_nothing_is_prepared_before_the_parameters_are_known(vllm_processor) -> 
         decoded_video(3, 320, 240, seed=4)
         assert frames.waiting() == 0
     finally:
-        overlap.uninstall()
+        overlap.uninstall(forget=True)
         media.set_fast_path(media.fast_path_requested())
 
 
@@ -168,3 +170,26 @@ def test_hwc_view_of_processor_inputs() -> None:
     assert np.array_equal(overlap.hwc_view(chw), rgb)
     assert overlap.hwc_view(chw.float()) is None
     assert overlap.hwc_view(torch.zeros(4, 2, 2, dtype=torch.uint8)) is None
+
+
+def test_frames_sharing_a_lookup_key_each_find_their_own() -> None:
+    """A still scene: frames equal on the sample grid, different elsewhere."""
+    frames = overlap.FrameOverlap(1)
+    params = overlap.ResizeParams(3, 16, 3, 70)  # bicubic, Gemma 4's patch and pooling sizes
+    frames.learn(params)
+    rng = np.random.default_rng(2)
+    base = rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    bgrs = []
+    for k in range(3):
+        bgr = base.copy()
+        bgr[1, 1, 0] = k  # off the 16 x 16 sample grid
+        bgrs.append(bgr)
+        frames.submit(bgr)
+    assert len({overlap.bgr_key(b) for b in bgrs}) == 1
+    target = overlap.prepare(bgrs[0], params).target
+    for bgr in reversed(bgrs):  # taken in another order than prepared
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        got = frames.take(torch.from_numpy(rgb).permute(2, 0, 1), params, target)
+        assert got is not None
+        assert np.array_equal(got, overlap.prepare(bgr, params).patches)
+    assert frames.waiting() == 0

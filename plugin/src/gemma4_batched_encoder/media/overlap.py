@@ -156,14 +156,11 @@ class FrameOverlap:
                 prepared = future.result()
             except Exception:  # a failed or cancelled worker: computed by the caller
                 prepared = None
+            if prepared is not None and not np.array_equal(prepared.rgb, rgb):
+                continue  # another frame with the same sample (a still scene): left for it
             with self._lock:
                 self._forget(future, key)
-            if (
-                prepared is not None
-                and prepared.params == params
-                and prepared.target == target
-                and np.array_equal(prepared.rgb, rgb)
-            ):
+            if prepared is not None and prepared.params == params and prepared.target == target:
                 count("prepared")
                 return prepared.patches
         count("missed")
@@ -254,10 +251,13 @@ def install(threads: int) -> FrameOverlap | None:
     return _overlap
 
 
-def uninstall() -> None:
-    """Turn it off again (tests and benchmarks)."""
+def uninstall(forget: bool = False) -> None:
+    """Turn it off again (tests and benchmarks); `forget`: drop the pools and what they
+    prepared, so the next `install` starts afresh."""
     global _overlap
     _overlap = None
+    if forget:
+        _instances.clear()
 
 
 def wrap_capture(cap: Any) -> Any:
