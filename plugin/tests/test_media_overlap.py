@@ -141,6 +141,15 @@ def test_other_budgets_are_not_learnt() -> None:
     assert frames.params is None
 
 
+def test_the_pool_converts_as_the_loader_does() -> None:
+    rng = np.random.default_rng(4)
+    params = overlap.ResizeParams(3, 16, 3, 70)
+    for h, w in ((480, 854), (17, 33), (720, 1280)):
+        bgr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        loader = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        assert np.array_equal(overlap.prepare(bgr, params).rgb, loader)
+
+
 def test_bgr_key_is_the_rgb_key_of_the_converted_frame() -> None:
     rng = np.random.default_rng(1)
     for h, w in ((480, 854), (17, 33), (1, 1), (720, 1280)):

@@ -5,15 +5,15 @@ image processor: resize, patchify, rescale), in two vLLM stages one after the ot
 host 12.7 + 7.0 ms for the SLO's 6-frame clip, all of it in the request's time to first token.
 
 With `GEMMA4_MEDIA_OVERLAP_THREADS` = N > 0 and the fast path on, the capture vLLM decodes from
-(`decode.install` wraps it) hands every frame it retrieves to a pool of N threads, which converts
-it to RGB exactly as vLLM's loader does (`cv2.cvtColor`), then resizes and patchifies it with the
-fast processor's own functions (`fast_processor.resize_batch`, `patchify`). When the fast
-processor later gets a frame, it looks the prepared one up by a sample of its pixels, checks that
-the whole frame is byte for byte the one prepared and that the resize target and parameters are
-the ones it would use, and takes the prepared uint8 patches instead of computing them. Anything
-else (a frame never prepared, one that differs, another budget, a failed worker) is computed as
-before. So the tensors are the same whatever happens here, and what the processor still waits
-for is about one frame's work after the decode ends.
+(`decode.install` wraps it) hands every frame it retrieves to a pool of N threads, which swaps it
+to RGB (what the loader's `cv2.cvtColor(BGR2RGB)` does), then resizes and patchifies it with the
+fast processor's own functions (`fast_processor.resize_batch`, `patchify`). When the processor
+later gets a frame, it looks the prepared one up by a sample of its pixels, checks that the whole
+frame is byte for byte the one prepared and that the resize target and parameters are the ones it
+would use, and takes the prepared uint8 patches instead of computing them. Anything else (a frame
+never prepared, one that differs, another budget, a failed worker) is computed as before. So the
+tensors are the same whatever happens here, and what the processor still waits for is about one
+frame's work after the decode ends.
 
 The resize parameters are learnt from the processor's first call with vLLM's video budget (70
 soft tokens a frame; `learn`): until then, nothing is prepared. Prepared frames wait for the
@@ -194,11 +194,12 @@ def _one_torch_thread() -> None:
 
 def prepare(bgr: np.ndarray, params: ResizeParams) -> Prepared:
     """On a pool thread: what vLLM's loader and the fast processor would make of this frame."""
-    import cv2
-
     from .fast_processor import patchify, resize_batch, resize_target
 
-    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)  # vLLM's loader, the same call
+    # What vLLM's loader stores, cv2.cvtColor(bgr, COLOR_BGR2RGB), is a pure channel swap; done
+    # in numpy here, because OpenCV runs its conversions on one shared thread pool, where the
+    # loader's own conversion of the next frame would then wait or run single-threaded.
+    rgb = np.ascontiguousarray(bgr[..., ::-1])
     height, width = rgb.shape[:2]
     target = resize_target(height, width, params)
     # As the processor stacks its [3, H, W] views: one contiguous planar batch
