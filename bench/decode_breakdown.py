@@ -1,6 +1,9 @@
 """Where one video's decode goes: OpenCV's open, grab (FFmpeg decode), retrieve (YUV -> BGR) and
 vLLM's BGR -> RGB, timed call by call with one FFmpeg thread (the fast path's setting), beside
-vLLM's whole loader (`load_bytes`, plugin not installed) on the same bytes.
+vLLM's whole loader (`load_bytes`, plugin not installed) on the same bytes; and the same decode
+with the decode overlap's pool preparing each frame beside it (GEMMA4_MEDIA_OVERLAP_THREADS=1),
+the pool converting with cv2.cvtColor or with its numpy channel swap: the decode thread's wall
+and CPU time, and when the last frame is ready. Needs no vLLM for those.
 
     python bench/decode_breakdown.py --out bench/results/media/cpu-2core-decode-breakdown.json
 
@@ -62,6 +65,44 @@ def calls(data: bytes) -> dict[str, float]:
     return out
 
 
+def decode_beside_pool(data: bytes, convert: str | None) -> dict[str, float]:
+    """The loader's loop (grab, retrieve, BGR -> RGB into one array), with the overlap's pool
+    (one thread) preparing every frame when `convert` names its conversion."""
+    import functools
+
+    from gemma4_batched_encoder.media import overlap
+
+    pool = None
+    if convert is not None:
+        pool = overlap.FrameOverlap(1)
+        pool.learn(overlap.ResizeParams(3, 16, 3, 70))  # bicubic, Gemma 4's video frames
+        to_rgb = overlap.swap_to_rgb
+        if convert == "cv2.cvtColor":
+            to_rgb = functools.partial(cv2.cvtColor, code=cv2.COLOR_BGR2RGB)
+        overlap.prepare = functools.partial(PREPARE, to_rgb=to_rgb)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    cap = cv2.VideoCapture(io.BytesIO(data), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
+    if pool is not None:
+        cap = overlap.OverlapCapture(cap, pool, lambda: True)
+    count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    frames = np.empty((count, int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+                       int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), 3), np.uint8)  # fmt: skip
+    for i in range(count):
+        if not cap.grab():
+            break
+        ok, frame = cap.retrieve()
+        if not ok:
+            break
+        frames[i] = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+    out = {"decode": (time.perf_counter() - wall) * 1000, "decode_cpu": 0.0}
+    out["decode_cpu"] = (time.thread_time() - cpu) * 1000
+    if pool is not None:
+        pool.drain()
+        overlap.prepare = PREPARE
+    out["ready"] = (time.perf_counter() - wall) * 1000
+    return out
+
+
 def vllm_loader() -> Any:
     try:
         from vllm.multimodal.video import VIDEO_LOADER_REGISTRY
@@ -70,7 +111,15 @@ def vllm_loader() -> Any:
     return VIDEO_LOADER_REGISTRY.load("opencv")
 
 
+PREPARE: Any = None
+
+
 def main() -> None:
+    global PREPARE
+    from gemma4_batched_encoder.media import overlap
+
+    PREPARE = overlap.prepare
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
@@ -100,6 +149,20 @@ def main() -> None:
             row["vllm_frames_shape"] = list(np.asarray(frames).shape)
         result["clips"][name] = row | {"bytes": len(data)}
         print(name, row)
+        beside: dict[str, Any] = {}
+        for _ in range(2):
+            for convert in (None, "cv2.cvtColor", "numpy swap"):
+                decode_beside_pool(data, convert)
+        runs_by = {c: [] for c in ("no pool", "cv2.cvtColor", "numpy swap")}
+        for _ in range(args.reps):  # interleaved
+            for label in runs_by:
+                runs_by[label].append(
+                    decode_beside_pool(data, None if label == "no pool" else label)
+                )
+        for label, rs in runs_by.items():
+            beside[label] = {k: round(statistics.median(r[k] for r in rs), 2) for k in rs[0]}
+        result["clips"][name]["overlap_pool_beside"] = beside
+        print("  decode beside the overlap pool (ms):", beside)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -123,6 +123,14 @@ class FrameOverlap:
         if params.max_soft_tokens == VIDEO_SOFT_TOKENS and params != self._params:
             self._params = params
 
+    def drain(self) -> None:
+        """Wait until every waiting frame is prepared (benchmarks)."""
+        with self._lock:
+            futures = list(self._order)
+        for future in futures:
+            with contextlib.suppress(Exception):
+                future.result()
+
     def waiting(self) -> int:
         with self._lock:
             return len(self._order)
@@ -192,14 +200,23 @@ def _one_torch_thread() -> None:
     torch.set_num_threads(1)
 
 
-def prepare(bgr: np.ndarray, params: ResizeParams) -> Prepared:
-    """On a pool thread: what vLLM's loader and the fast processor would make of this frame."""
+def swap_to_rgb(bgr: np.ndarray) -> np.ndarray:
+    """What vLLM's loader stores, `cv2.cvtColor(bgr, COLOR_BGR2RGB)`: a pure channel swap, done
+    in numpy, because OpenCV runs its conversions on one shared thread pool, where the loader's
+    own conversion of the next frame would then wait or run single-threaded."""
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
+def prepare(
+    bgr: np.ndarray,
+    params: ResizeParams,
+    to_rgb: Callable[[np.ndarray], np.ndarray] = swap_to_rgb,
+) -> Prepared:
+    """On a pool thread: what vLLM's loader and the fast processor would make of this frame
+    (`to_rgb`: the conversion, replaceable for bench/decode_breakdown.py)."""
     from .fast_processor import patchify, resize_batch, resize_target
 
-    # What vLLM's loader stores, cv2.cvtColor(bgr, COLOR_BGR2RGB), is a pure channel swap; done
-    # in numpy here, because OpenCV runs its conversions on one shared thread pool, where the
-    # loader's own conversion of the next frame would then wait or run single-threaded.
-    rgb = np.ascontiguousarray(bgr[..., ::-1])
+    rgb = to_rgb(bgr)
     height, width = rgb.shape[:2]
     target = resize_target(height, width, params)
     # As the processor stacks its [3, H, W] views: one contiguous planar batch
