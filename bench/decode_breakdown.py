@@ -76,9 +76,7 @@ def decode_beside_pool(data: bytes, convert: str | None) -> dict[str, float]:
     if convert is not None:
         pool = overlap.FrameOverlap(1)
         pool.learn(overlap.ResizeParams(3, 16, 3, 70))  # bicubic, Gemma 4's video frames
-        to_rgb = overlap.swap_to_rgb
-        if convert == "cv2.cvtColor":
-            to_rgb = functools.partial(cv2.cvtColor, code=cv2.COLOR_BGR2RGB)
+        to_rgb = overlap.loader_rgb if convert == "cv2.cvtColor" else overlap.swap_to_rgb
         overlap.prepare = functools.partial(PREPARE, to_rgb=to_rgb)
     wall, cpu = time.perf_counter(), time.thread_time()
     cap = cv2.VideoCapture(io.BytesIO(data), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])

@@ -148,6 +148,9 @@ def test_the_pool_converts_as_the_loader_does() -> None:
         bgr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         loader = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
         assert np.array_equal(overlap.prepare(bgr, params).rgb, loader)
+        swapped = overlap.prepare(bgr, params, to_rgb=overlap.swap_to_rgb)
+        assert np.array_equal(swapped.rgb, loader)
+        assert np.array_equal(swapped.patches, overlap.prepare(bgr, params).patches)
 
 
 def test_bgr_key_is_the_rgb_key_of_the_converted_frame() -> None:

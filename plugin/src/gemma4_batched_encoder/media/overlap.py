@@ -5,8 +5,8 @@ image processor: resize, patchify, rescale), in two vLLM stages one after the ot
 host 12.7 + 7.0 ms for the SLO's 6-frame clip, all of it in the request's time to first token.
 
 With `GEMMA4_MEDIA_OVERLAP_THREADS` = N > 0 and the fast path on, the capture vLLM decodes from
-(`decode.install` wraps it) hands every frame it retrieves to a pool of N threads, which swaps it
-to RGB (what the loader's `cv2.cvtColor(BGR2RGB)` does), then resizes and patchifies it with the
+(`decode.install` wraps it) hands every frame it retrieves to a pool of N threads, which converts
+it to RGB with the loader's own call (`cv2.cvtColor`), then resizes and patchifies it with the
 fast processor's own functions (`fast_processor.resize_batch`, `patchify`). When the processor
 later gets a frame, it looks the prepared one up by a sample of its pixels, checks that the whole
 frame is byte for byte the one prepared and that the resize target and parameters are the ones it
@@ -200,17 +200,23 @@ def _one_torch_thread() -> None:
     torch.set_num_threads(1)
 
 
+def loader_rgb(bgr: np.ndarray) -> np.ndarray:
+    """What vLLM's loader stores for a retrieved frame: the same OpenCV call."""
+    import cv2
+
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
 def swap_to_rgb(bgr: np.ndarray) -> np.ndarray:
-    """What vLLM's loader stores, `cv2.cvtColor(bgr, COLOR_BGR2RGB)`: a pure channel swap, done
-    in numpy, because OpenCV runs its conversions on one shared thread pool, where the loader's
-    own conversion of the next frame would then wait or run single-threaded."""
+    """The same bytes by a numpy channel swap, off OpenCV's shared thread pool (a strided copy:
+    slower, bench/decode_breakdown.py compares both)."""
     return np.ascontiguousarray(bgr[..., ::-1])
 
 
 def prepare(
     bgr: np.ndarray,
     params: ResizeParams,
-    to_rgb: Callable[[np.ndarray], np.ndarray] = swap_to_rgb,
+    to_rgb: Callable[[np.ndarray], np.ndarray] = loader_rgb,
 ) -> Prepared:
     """On a pool thread: what vLLM's loader and the fast processor would make of this frame
     (`to_rgb`: the conversion, replaceable for bench/decode_breakdown.py)."""
