@@ -30,7 +30,8 @@ API-server ("frontend") processes, so only there does it patch anything:
 - with the fast path on and `GEMMA4_MEDIA_OVERLAP_THREADS` > 0 (default 0), each frame vLLM's
   OpenCV loader retrieves is resized and patchified on that many threads while the next one
   decodes, and the image processor takes the prepared patches after checking the frame is
-  byte for byte the same (`overlap`: same tensors, less time to first token);
+  byte for byte the same (`overlap`: same tensors; served on one H200 it made the time to
+  first token longer, bench/MEDIA.md);
 - with the fast path and `GEMMA4_MEDIA_UINT8=on` (default off), pixel values leave as the uint8
   patches and the plugin's model class rescales them on the device with stock's arithmetic
   (`..pixels`: same tensors reach the encoder, a quarter of the bytes to serialise and copy);

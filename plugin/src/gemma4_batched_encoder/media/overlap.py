@@ -40,7 +40,7 @@ from .env import thread_count
 
 ENV_OVERLAP_THREADS = "GEMMA4_MEDIA_OVERLAP_THREADS"
 VIDEO_SOFT_TOKENS = 70  # vLLM's Gemma 4: _VIDEO_MAX_SOFT_TOKENS, 0.20 through 0.33
-MAX_FRAMES = 128  # prepared frames kept per process: 21 six-frame videos, ~160 MB at 480p
+MAX_FRAMES = 64  # prepared frames kept per process: 10 six-frame videos, ~110 MB at 480p
 METRIC_NAME = "gemma4_media_overlap_frames"  # a counter: exposed with _total
 _SAMPLE_GRID = 16  # the lookup key: a 16 x 16 grid of pixels (and the shape)
 
