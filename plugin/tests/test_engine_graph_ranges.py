@@ -293,6 +293,30 @@ def test_install_leaves_a_vllm_without_the_hooks_alone(
     assert G.install(0) is False
 
 
+@pytest.mark.parametrize("broken", ["no hooks", "patch raises"])
+def test_full_graphs_without_the_buffer_are_an_error_in_the_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, broken: str
+) -> None:
+    if broken == "no hooks":
+        import vllm.v1.attention.backends.triton_attn as triton_attn
+
+        monkeypatch.delattr(triton_attn, "compute_mm_prefix_range_tensor")
+    else:
+        monkeypatch.setattr(G, "graph_safe_compute", _raise)
+    with caplog.at_level(logging.WARNING):
+        assert G.apply(None, _config("FULL")) is False
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "lose their bidirectional attention" in errors[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert G.apply(None, _config("FULL_AND_PIECEWISE")) is False  # nothing to install
+    assert not caplog.records
+
+
+def _raise(*args: object) -> None:
+    raise RuntimeError("changed upstream")
+
+
 @pytest.mark.parametrize(
     ("raw", "width"),
     [("on", 16), ("1", 16), ("8", 8), ("off", 0), ("0", 0), ("auto", None), ("", None)],

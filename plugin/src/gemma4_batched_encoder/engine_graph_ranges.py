@@ -316,7 +316,7 @@ def install(width: int) -> bool:
     if refuse is None or where is None:
         logger.warning(
             "gemma4_batched_encoder: %s=%d has no effect on this vLLM (no Triton range tensor "
-            "or no way to keep a step out of FULL graphs); vLLM's image ranges are kept",
+            "or no way to keep a step out of FULL graphs); vLLM's own range tensor is used",
             ENV,
             width,
         )
@@ -338,3 +338,23 @@ def install(width: int) -> bool:
         refuse,
     )
     return True
+
+
+def apply(setting: int | None, vllm_config: Any) -> bool:
+    """`resolve_width` then `install`. Where FULL graphs capture mixed batches and the buffer
+    cannot be installed (a vLLM without the hooks, or the patch raised), an error in the log says
+    what that costs: vLLM then replays graphs captured without Gemma 4's image ranges."""
+    width = resolve_width(setting, vllm_config)
+    try:
+        installed = install(width)
+    except Exception:
+        logger.warning("gemma4_batched_encoder: %s not applied", ENV, exc_info=True)
+        installed = False
+    if width > 0 and not installed and full_mixed_graphs(vllm_config):
+        logger.error(
+            "gemma4_batched_encoder: cudagraph_mode FULL, but the graph-safe image-range buffer "
+            "could not be installed on this vLLM: FULL graphs replay without Gemma 4's image "
+            "ranges, so image and video tokens lose their bidirectional attention in graphed "
+            "steps (outputs differ); use cudagraph_mode FULL_AND_PIECEWISE (vLLM's default)"
+        )
+    return installed

@@ -74,9 +74,7 @@ def _engine_patches(settings: Settings, vllm_config: Any) -> None:
         ),
         (
             "GEMMA4_ENGINE_GRAPH_RANGES",
-            lambda: engine_graph_ranges.install(
-                engine_graph_ranges.resolve_width(settings.engine_graph_ranges, vllm_config)
-            ),
+            lambda: engine_graph_ranges.apply(settings.engine_graph_ranges, vllm_config),
         ),
     )
     for name, install in patches:
