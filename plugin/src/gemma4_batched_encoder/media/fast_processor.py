@@ -173,8 +173,8 @@ def _process_rows(
     """Resize (to `target`, if any), patchify and rescale these same-size images into their
     rows of `out`; returns the patches per image."""
     batch = np.stack([images[i].numpy() for i in rows])  # single-threaded copy
-    return patchify_rescale_into(resize_batch(batch, target, params), params.patch_size, factor,
-                                 out, rows)  # fmt: skip
+    resized = resize_batch(batch, target, params)
+    return patchify_rescale_into(resized, params.patch_size, factor, out, rows)
 
 
 def preprocess_uint8(
