@@ -14,6 +14,7 @@ textured one of bench/media_stages.py, 6 frames at 854x480. Median of --reps aft
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -65,19 +66,24 @@ def calls(data: bytes) -> dict[str, float]:
     return out
 
 
-def decode_beside_pool(data: bytes, convert: str | None) -> dict[str, float]:
-    """The loader's loop (grab, retrieve, BGR -> RGB into one array), with the overlap's pool
-    (one thread) preparing every frame when `convert` names its conversion."""
-    import functools
-
+@functools.cache
+def overlap_pool(convert: str) -> Any:
+    """One overlap pool (one thread) per conversion, kept across repetitions, so no thread
+    start-up lands in a timed decode."""
     from gemma4_batched_encoder.media import overlap
 
-    pool = None
-    if convert is not None:
-        pool = overlap.FrameOverlap(1)
-        pool.learn(overlap.ResizeParams(3, 16, 3, 70))  # bicubic, Gemma 4's video frames
-        to_rgb = overlap.loader_rgb if convert == "cv2.cvtColor" else overlap.swap_to_rgb
-        overlap.prepare = functools.partial(PREPARE, to_rgb=to_rgb)
+    to_rgb = overlap.loader_rgb if convert == "cv2.cvtColor" else overlap.swap_to_rgb
+    pool = overlap.FrameOverlap(1, prepare_frame=functools.partial(overlap.prepare, to_rgb=to_rgb))
+    pool.learn(overlap.ResizeParams(3, 16, 3, 70))  # bicubic, Gemma 4's video frames
+    return pool
+
+
+def decode_beside_pool(data: bytes, convert: str | None) -> dict[str, float]:
+    """The loader's loop (grab, retrieve, BGR -> RGB into one array), with the overlap's pool
+    preparing every frame when `convert` names its conversion."""
+    from gemma4_batched_encoder.media import overlap
+
+    pool = overlap_pool(convert) if convert is not None else None
     wall, cpu = time.perf_counter(), time.thread_time()
     cap = cv2.VideoCapture(io.BytesIO(data), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
     if pool is not None:
@@ -96,7 +102,6 @@ def decode_beside_pool(data: bytes, convert: str | None) -> dict[str, float]:
     out["decode_cpu"] = (time.thread_time() - cpu) * 1000
     if pool is not None:
         pool.drain()
-        overlap.prepare = PREPARE
     out["ready"] = (time.perf_counter() - wall) * 1000
     return out
 
@@ -109,14 +114,7 @@ def vllm_loader() -> Any:
     return VIDEO_LOADER_REGISTRY.load("opencv")
 
 
-PREPARE: Any = None
-
-
 def main() -> None:
-    global PREPARE
-    from gemma4_batched_encoder.media import overlap
-
-    PREPARE = overlap.prepare
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)

@@ -128,7 +128,7 @@ def test_off_without_the_fast_path(vllm_processor, overlapping) -> None:
 
 def test_waiting_frames_are_bounded() -> None:
     frames = overlap.FrameOverlap(1, max_frames=4)
-    frames.learn(overlap.ResizeParams(None, 16, 3, 70))
+    frames.learn(overlap.ResizeParams(3, 16, 3, 70))  # bicubic, Gemma 4's patch and pooling
     rng = np.random.default_rng(0)
     for _ in range(10):
         frames.submit(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))

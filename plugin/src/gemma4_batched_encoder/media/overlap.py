@@ -103,9 +103,15 @@ def hwc_view(image: torch.Tensor) -> np.ndarray | None:
 class FrameOverlap:
     """The per-process pool and the prepared frames waiting for the processor."""
 
-    def __init__(self, threads: int, max_frames: int = MAX_FRAMES) -> None:
+    def __init__(
+        self,
+        threads: int,
+        max_frames: int = MAX_FRAMES,
+        prepare_frame: Callable[[np.ndarray, ResizeParams], Prepared] | None = None,
+    ) -> None:
         self.threads = threads
         self.max_frames = max_frames
+        self._prepare_frame = prepare_frame  # None: the module's `prepare`, looked up per frame
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._params: ResizeParams | None = None
@@ -141,7 +147,7 @@ class FrameOverlap:
         if params is None or not is_bgr_frame(bgr):
             return
         key = bgr_key(bgr)
-        future = self._executor().submit(prepare, bgr, params)
+        future = self._executor().submit(self._prepare_frame or prepare, bgr, params)
         with self._lock:
             self._waiting.setdefault(key, []).append(future)
             self._order[future] = key
@@ -219,7 +225,7 @@ def prepare(
     to_rgb: Callable[[np.ndarray], np.ndarray] = loader_rgb,
 ) -> Prepared:
     """On a pool thread: what vLLM's loader and the fast processor would make of this frame
-    (`to_rgb`: the conversion, replaceable for bench/decode_breakdown.py)."""
+    (`to_rgb`: the conversion; bench/decode_breakdown.py compares both)."""
     from .fast_processor import patchify, resize_batch, resize_target
 
     rgb = to_rgb(bgr)
@@ -232,7 +238,8 @@ def prepare(
 
 
 class OverlapCapture:
-    """vLLM's `cv2.VideoCapture`, handing each retrieved frame to the pool as well."""
+    """vLLM's `cv2.VideoCapture`, handing each retrieved frame to the pool as well (vLLM's
+    loops, 0.20-0.33, grab and retrieve; a `read()` goes to OpenCV untouched)."""
 
     def __init__(self, cap: Any, overlap: FrameOverlap, enabled: Callable[[], bool]) -> None:
         self._cap = cap
@@ -243,12 +250,6 @@ class OverlapCapture:
         ok, frame = self._cap.retrieve(*args, **kwargs)
         if ok and not args and not kwargs and self._enabled():
             self._overlap.submit(frame)  # a new array per call (tested): safe to share
-        return ok, frame
-
-    def read(self, *args: Any, **kwargs: Any) -> Any:
-        ok, frame = self._cap.read(*args, **kwargs)
-        if ok and not args and not kwargs and self._enabled():
-            self._overlap.submit(frame)
         return ok, frame
 
     def __getattr__(self, name: str) -> Any:
