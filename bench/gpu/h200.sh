@@ -24,6 +24,8 @@
 #                                           another loads sizes it wrong, 0.20.0 and 0.26.0)
 #   bench/gpu/h200.sh wait-kv PORT          wait until that server has allocated its KV cache
 #   bench/gpu/h200.sh greedy NAME PORT TAG  greedy outputs (7 fixed requests) to NAME-greedy-TAG.json
+#   bench/gpu/h200.sh fast-probe            fast mode's kernels side by side (KERNELS="stock merged
+#                                           merged-autotune"): verify, bench, kernel profile
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
@@ -176,6 +178,29 @@ graphs)
   grep -h -A25 -m1 "capture failed" /tmp/verify-*.log /tmp/encoder-bench.log >"$OUT/capture-failures.txt" || true
   echo "encoder bench: $(grep -c 'capture failed' /tmp/encoder-bench.log) failed captures"
   cat "$OUT/encoder-bench-table.txt"
+  ;;
+fast-probe)
+  # fast mode's kernel choices side by side (GEMMA4_ENCODER_FAST_KERNELS=${KERNELS:-stock merged
+  # merged-autotune}): deviation from exact (verify), time with CUDA graphs beside exact-fused
+  # (bench), and where the GPU time goes at 16 videos (bench/encoder_kernel_profile.py)
+  cd "$REPO"
+  export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
+  E="--preset e4b --device cuda --dtype bf16"
+  for k in ${KERNELS:-stock merged merged-autotune}; do
+    export GEMMA4_ENCODER_FAST_KERNELS="$k"
+    python3 -m gemma4_batched_encoder.verify $E --mode fast --videos 1,16 --images 4 \
+      >"$OUT/fast-$k-verify.json" 2>"/tmp/fast-$k.log" || true # exits 1: fast is not bitwise
+    python3 -c "import json; d=json.load(open('$OUT/fast-$k-verify.json')); print('$k verify', {x: d.get(x) for x in ('max_abs_diff', 'cuda_graphs_captured')})" ||
+      tail -n 5 "/tmp/fast-$k.log"
+    python3 -m gemma4_batched_encoder.bench $E --videos 1,16 --warmup 3 --repeats 10 \
+      --methods exact-fused,fast --out "$OUT/fast-$k-bench.json" >"$OUT/fast-$k-bench.txt" \
+      2>>"/tmp/fast-$k.log" || echo "bench $k: exit $?"
+    grep -E "^ *(1|16) " "$OUT/fast-$k-bench.txt" || tail -n 8 "$OUT/fast-$k-bench.txt"
+    python3 bench/encoder_kernel_profile.py --mode fast --videos 16 --out "$OUT/fast-$k-profile.json" \
+      2>>"/tmp/fast-$k.log" || echo "profile $k: exit $?"
+  done
+  GEMMA4_ENCODER_FUSED=on python3 bench/encoder_kernel_profile.py --mode exact --videos 16 \
+    --out "$OUT/exact-fused-profile.json" 2>>/tmp/fast-exact.log || echo "profile exact: exit $?"
   ;;
 host)
   cd "$REPO"

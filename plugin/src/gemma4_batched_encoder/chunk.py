@@ -21,6 +21,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from .pooling import pool_batched, pool_exact
 
 if TYPE_CHECKING:
+    from .fast_layers import MergedLayers
     from .fused import FusedLayers
 
 PoolerImpl = Literal["batched", "stock"]
@@ -84,7 +85,7 @@ def _encode(
     embeds: torch.Tensor,
     mask: object,
     position_ids: torch.Tensor,
-    layers: FusedLayers | None,
+    layers: FusedLayers | MergedLayers | None,
 ) -> torch.Tensor:
     """The encoder's last hidden state: through ``layers`` (compiled) or ``vt.encoder``."""
     if layers is not None:
@@ -101,7 +102,7 @@ def exact_chunk(
     position_ids: torch.Tensor,
     has_padding: bool,
     pooler: PoolerImpl = "batched",
-    layers: FusedLayers | None = None,
+    layers: FusedLayers | MergedLayers | None = None,
 ) -> torch.Tensor:
     """[B, L, H] pooled soft tokens (padded bins included), bit-identical per item to the tower.
 
@@ -140,7 +141,7 @@ def fast_chunk(
     vt: nn.Module,
     pixel_values: torch.Tensor,
     position_ids: torch.Tensor,
-    layers: FusedLayers | None = None,
+    layers: FusedLayers | MergedLayers | None = None,
 ) -> torch.Tensor:
     """[B, L', H] soft tokens from valid patches only (the caller slices off the padding suffix).
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from .chunk import PoolerImpl, exact_chunk, fast_chunk
 from .cuda_graphs import CudaGraphRunner, bucket_size
+from .fast_layers import MergedLayers, Unsupported
 from .fused import FusedLayers
 from .inputs import Item, PixelInput, build_items, bytes_per_item, chunks, group_items
 from .log import logger
@@ -41,7 +42,9 @@ class BatchedVisionEncoder:
         self._fused_layers: FusedLayers | None = None  # compiled once per tower
         self._warmed: set[tuple[torch.device, torch.dtype]] = set()  # graphs captured at start-up
         # Fast mode's compiled layers per (device, dtype); None = eager (off, or it failed).
-        self._fast_layers: dict[tuple[torch.device, torch.dtype], FusedLayers | None] = {}
+        self._fast_layers: dict[
+            tuple[torch.device, torch.dtype], FusedLayers | MergedLayers | None
+        ] = {}
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
             self._fast_fn = torch.compile(self._fast_fn, dynamic=False)
@@ -94,7 +97,9 @@ class BatchedVisionEncoder:
         triggered)."""
         return any(v is not None for v in (*self._fused.values(), *self._fast_layers.values()))
 
-    def fast_layers(self, device: torch.device, dtype: torch.dtype) -> FusedLayers | None:
+    def fast_layers(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> FusedLayers | MergedLayers | None:
         """Fast mode's compiled layers (plain inductor, no bit check: fast mode promises only
         closeness), per the ``fused`` setting; None with GEMMA4_ENCODER_COMPILE, which compiles
         the whole fast pass instead."""
@@ -107,9 +112,23 @@ class BatchedVisionEncoder:
             return None
         key = (device, dtype)
         if key not in self._fast_layers:
-            self._fast_layers[key] = FusedLayers(self.vt, exact=False)
-            logger.info("fast mode on %s/%s: compiled encoder layers on", device, dtype)
+            self._fast_layers[key] = self._new_fast_layers()
+            logger.info(
+                "fast mode on %s/%s: compiled encoder layers on (%s)",
+                device,
+                dtype,
+                type(self._fast_layers[key]).__name__,
+            )
         return self._fast_layers[key]
+
+    def _new_fast_layers(self) -> FusedLayers | MergedLayers:
+        kernels = self.settings.fast_kernels
+        if kernels != "stock":
+            try:
+                return MergedLayers(self.vt, autotune=kernels == "merged-autotune")
+            except Unsupported as e:
+                logger.warning("GEMMA4_ENCODER_FAST_KERNELS=%s unsupported here (%s)", kernels, e)
+        return FusedLayers(self.vt, exact=False)
 
     def fused_active(self, device: torch.device, dtype: torch.dtype) -> bool:
         return self.fused_layers(device, dtype) is not None

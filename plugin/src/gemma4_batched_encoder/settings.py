@@ -8,6 +8,7 @@ from typing import Literal
 
 Mode = Literal["exact", "fast"]
 Fused = Literal["auto", "on", "off"]
+FastKernels = Literal["stock", "merged", "merged-autotune"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -98,6 +99,10 @@ class Settings:
     # auto = CUDA only (exact served on the H200 without a compile after start-up; on CPU
     # inductor gains little and compiles long).
     fused: Fused = "auto"
+    # Fast mode's compiled layers (when ``fused`` compiles them): "stock" = transformers' layer
+    # compiled plainly (fused.py); "merged" = hand-written layers with q/k/v and gate/up merged
+    # into one GEMM each (fast_layers.py); "merged-autotune" = those with inductor's max-autotune.
+    fast_kernels: FastKernels = "stock"
     # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
     # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N. Off by
     # default: on the H200 (vLLM 0.20.0, eighth sitting) `auto` served 35 video req/s with a
@@ -129,6 +134,12 @@ class Settings:
         fused = "on" if fused in _TRUE else "off" if fused in _FALSE else fused
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
+        fast_kernels = os.environ.get("GEMMA4_ENCODER_FAST_KERNELS", "stock").strip().lower()
+        if fast_kernels not in ("stock", "merged", "merged-autotune"):
+            raise ValueError(
+                f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected stock, merged or"
+                " merged-autotune"
+            )
         return cls(
             disabled=_flag("GEMMA4_ENCODER_DISABLE", False),
             mode=mode,  # type: ignore[arg-type]
@@ -138,6 +149,7 @@ class Settings:
             verify_every=_int("GEMMA4_ENCODER_VERIFY_EVERY", 0),
             compile_fast=_flag("GEMMA4_ENCODER_COMPILE", False),
             fused=fused,  # type: ignore[arg-type]
+            fast_kernels=fast_kernels,  # type: ignore[arg-type]
             engine_torch_threads=_threads("GEMMA4_ENGINE_TORCH_THREADS"),
             engine_async_ranges=_flag("GEMMA4_ENGINE_ASYNC_RANGES", True),
             engine_gpu_batching=_flag("GEMMA4_ENGINE_GPU_BATCHING", False),

@@ -1,0 +1,75 @@
+"""Fast mode's merged-weight layers (fast_layers.py): the layer's own arithmetic, and kept out
+where the tower is not the structure they assume."""
+
+from __future__ import annotations
+
+import logging
+
+import g4helpers as H
+import pytest
+import torch
+from test_bit_identity import COMPOSITIONS
+
+from gemma4_batched_encoder import Settings
+from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+from gemma4_batched_encoder.fast_layers import MergedLayers, Unsupported
+from gemma4_batched_encoder.fused import FusedLayers
+
+STOCK_FAST = Settings(mode="fast", cuda_graphs=False, fused="off")
+
+
+def _max_rel_diff(out: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    assert [o.shape for o in out] == [r.shape for r in ref]
+    return max(((o - r).abs().max() / r.abs().max()).item() for o, r in zip(out, ref, strict=True))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_merged_layers_compute_what_the_stock_layers_compute(monkeypatch, compiled):
+    # fp32: only the rounding order may differ (merged GEMMs, fused elementwise chains).
+    tower = H.tower(torch.float32, seed=3)
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+    ref = BatchedVisionEncoder(tower, STOCK_FAST).encode(pvs, pps)
+    enc = BatchedVisionEncoder(
+        tower, Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged")
+    )
+    layers = enc.fast_layers(torch.device("cpu"), torch.float32)
+    assert isinstance(layers, MergedLayers)
+    if not compiled:
+        layers.call = MergedLayers(tower, compile=False).call
+    out = enc.encode(pvs, pps)
+    assert _max_rel_diff(out, ref) < 1e-5
+
+
+def test_merged_layers_are_far_from_a_wrong_layer():
+    # The comparison above can fail: dropping one layer's MLP moves the output by far more.
+    tower = H.tower(torch.float32, seed=3)
+    pvs, pps = H.batch(COMPOSITIONS["one_video"], torch.float32, seed=3)
+    ref = BatchedVisionEncoder(tower, STOCK_FAST).encode(pvs, pps)
+    merged = MergedLayers(tower, compile=False)
+    merged.weights[0]["down"] = torch.zeros_like(merged.weights[0]["down"])
+    enc = BatchedVisionEncoder(tower, Settings(mode="fast", cuda_graphs=False, fused="on"))
+    enc._fast_layers[(torch.device("cpu"), torch.float32)] = merged
+    assert _max_rel_diff(enc.encode(pvs, pps), ref) > 1e-2
+
+
+def test_clipped_linears_keep_the_compiled_stock_layers(caplog):
+    tower = H.tower(torch.float32, seed=4, use_clipped_linears=True)
+    with pytest.raises(Unsupported, match="clipped"):
+        MergedLayers(tower)
+    enc = BatchedVisionEncoder(
+        tower, Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged")
+    )
+    with caplog.at_level(logging.WARNING, logger="vllm.gemma4_batched_encoder"):
+        layers = enc.fast_layers(torch.device("cpu"), torch.float32)
+    assert isinstance(layers, FusedLayers)
+    assert "GEMMA4_ENCODER_FAST_KERNELS=merged unsupported here (clipped linears)" in caplog.text
+
+
+def test_fast_kernels_setting(monkeypatch):
+    monkeypatch.delenv("GEMMA4_ENCODER_FAST_KERNELS", raising=False)
+    assert Settings.from_env().fast_kernels == "stock"
+    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "Merged-Autotune")
+    assert Settings.from_env().fast_kernels == "merged-autotune"
+    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "fp8")
+    with pytest.raises(ValueError, match="GEMMA4_ENCODER_FAST_KERNELS='fp8'"):
+        Settings.from_env()
