@@ -68,8 +68,60 @@ def test_clipped_linears_keep_the_compiled_stock_layers(caplog):
 def test_fast_kernels_setting(monkeypatch):
     monkeypatch.delenv("GEMMA4_ENCODER_FAST_KERNELS", raising=False)
     assert Settings.from_env().fast_kernels == "stock"
-    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "Merged-Autotune")
-    assert Settings.from_env().fast_kernels == "merged-autotune"
+    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "Merged-Triton")
+    assert Settings.from_env().fast_kernels == "merged-triton"
     monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "fp8")
     with pytest.raises(ValueError, match="GEMMA4_ENCODER_FAST_KERNELS='fp8'"):
         Settings.from_env()
+
+
+_KERNEL_CHECK = """
+import json, torch
+import g4helpers as H
+from test_bit_identity import COMPOSITIONS
+from gemma4_batched_encoder import Settings
+from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+from gemma4_batched_encoder.qkv_kernel import qkv_norm_rope, qkv_norm_rope_reference, triton_usable
+torch.manual_seed(0)
+out = {"usable": triton_usable(torch.zeros(1)), "kernel": {}}
+for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    b, n, h, d = 2, 37, 3, 16  # 74 rows: one full block of 64 and a masked one
+    qkv, cos, sin = (torch.randn(b, n, w).to(dt) for w in (3 * h * d, d, d))
+    qw, kw = torch.randn(d).to(dt), torch.randn(d).to(dt)
+    got = qkv_norm_rope(qkv, cos, sin, qw, kw, h, 1e-6)
+    ref = qkv_norm_rope_reference(qkv, cos, sin, qw, kw, h, 1e-6)
+    out["kernel"][name] = [((g.float() - r.float()).abs().max() / r.abs().max()).item()
+                           for g, r in zip(got, ref, strict=True)]
+tower = H.tower(torch.float32, seed=3)
+pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+stock = Settings(mode="fast", cuda_graphs=False, fused="off")
+ref = BatchedVisionEncoder(tower, stock).encode(pvs, pps)
+enc = BatchedVisionEncoder(
+    tower, Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged-triton"))
+got = enc.encode(pvs, pps)
+out["encoder"] = max(((g - r).abs().max() / r.abs().max()).item() for g, r in zip(got, ref))
+print(json.dumps(out))
+"""
+
+
+def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
+    # The kernel itself, run by triton's CPU interpreter (read when triton.jit decorates: a
+    # fresh process): against the layer's ops, alone and inside the merged layers.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["usable"]
+    assert max(result["kernel"]["fp32"]) < 1e-6
+    assert max(result["kernel"]["bf16"]) < 2e-2  # one rounding where bf16 eager has several
+    assert result["encoder"] < 1e-5

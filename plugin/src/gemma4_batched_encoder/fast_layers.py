@@ -2,10 +2,13 @@
 
 The Gemma 4 vision layer as transformers writes it runs seven GEMMs per layer (q, k, v, o, gate,
 up, down); here q/k/v and gate/up read their input once as two wider GEMMs, and the norms, 2D
-rotary, GELU and residuals are left to inductor to fuse around them (``torch.compile``; with
-``autotune`` inductor's max-autotune also picks Triton GEMM templates and fuses epilogues into
-them). The arithmetic is the layer's own (fp32 RMS norms, attention scale 1, GELU-tanh), so it
-deviates from ``exact`` only by rounding order, which fast mode reports (``verify --mode fast``).
+rotary, GELU and residuals are left to inductor to fuse around them (``torch.compile``;
+inductor's max-autotune, Triton GEMM templates with fused epilogues, measured slower on the
+H200, so it is not offered). With ``triton_qkv`` the per-head norms and the rotary after the
+Q/K/V GEMM run as one hand-written Triton kernel (qkv_kernel.py): inductor's kernel for them was
+the largest elementwise cost. The arithmetic is the layer's own (fp32 RMS norms, attention scale
+1, GELU-tanh), so it deviates from ``exact`` only by rounding order, which fast mode reports
+(``verify --mode fast``).
 
 Only for towers whose linear layers are plain ``nn.Linear`` weights without clipping (the public
 E4B checkpoint's); anything else raises ``Unsupported`` at construction and fast mode keeps the
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fused import _dynamic_batch_and_length
+from .qkv_kernel import _rms, qkv_norm_rope, qkv_norm_rope_reference
 
 
 class Unsupported(ValueError):
@@ -43,30 +47,6 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
     return norm.weight if getattr(norm, "with_scale", True) else None
 
 
-def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    # Gemma4RMSNorm: fp32, x * pow(mean(x^2) + eps, -0.5) [* w], back to x's dtype.
-    h = x.float()
-    h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    if weight is not None:
-        h = h * weight.float()
-    return h.type_as(x)
-
-
-def _rope_2d(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # apply_multidimensional_rope with 2 position dims: each half of the head dim is rotated
-    # (rotate_half) by its own axis' angles. x [B, L, N, D]; cos/sin [B, L, D].
-    cos = cos.unsqueeze(2)
-    sin = sin.unsqueeze(2)
-    half = x.shape[-1] // 2
-    parts = []
-    for p in range(2):
-        sl = slice(p * half, (p + 1) * half)
-        xp, c, s = x[..., sl], cos[..., sl], sin[..., sl]
-        x1, x2 = xp[..., : half // 2], xp[..., half // 2 :]
-        parts.append(xp * c + torch.cat((-x2, x1), dim=-1) * s)
-    return torch.cat(parts, dim=-1)
-
-
 def _layer(
     x: Tensor,
     cos: Tensor,
@@ -75,13 +55,13 @@ def _layer(
     heads: int,
     head_dim: int,
     eps: float,
+    triton_qkv: bool,
 ) -> Tensor:
     b, n, _ = x.shape
     h = _rms(x, w["input_norm"], eps)
-    qkv = F.linear(h, w["qkv"]).view(b, n, 3, heads, head_dim)
-    q = _rope_2d(_rms(qkv[:, :, 0], w["q_norm"], eps), cos, sin).transpose(1, 2)
-    k = _rope_2d(_rms(qkv[:, :, 1], w["k_norm"], eps), cos, sin).transpose(1, 2)
-    v = _rms(qkv[:, :, 2], None, eps).transpose(1, 2)
+    qkv_fn = qkv_norm_rope if triton_qkv else qkv_norm_rope_reference
+    q, k, v = qkv_fn(F.linear(h, w["qkv"]), cos, sin, w["q_norm"], w["k_norm"], heads, eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
     attn = F.linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w["o"])
     x = x + _rms(attn, w["post_attn_norm"], eps)
@@ -91,20 +71,20 @@ def _layer(
     return x + _rms(h, w["post_ffw_norm"], eps)
 
 
-_COMPILED: dict[bool, Callable[..., Tensor]] = {}
+_COMPILED: Callable[..., Tensor] | None = None
 
 
-def _compiled(autotune: bool) -> Callable[..., Tensor]:
-    if autotune not in _COMPILED:
-        mode = "max-autotune-no-cudagraphs" if autotune else None
-        _COMPILED[autotune] = torch.compile(_layer, mode=mode)
-    return _COMPILED[autotune]
+def _compiled() -> Callable[..., Tensor]:
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(_layer)
+    return _COMPILED
 
 
 class MergedLayers:
     """The tower's encoder layers as merged-weight calls; same ``hidden`` as ``FusedLayers``."""
 
-    def __init__(self, vt: nn.Module, autotune: bool = False, compile: bool = True) -> None:
+    def __init__(self, vt: nn.Module, triton_qkv: bool = False, compile: bool = True) -> None:
         encoder = vt.encoder
         cfg = encoder.config
         if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
@@ -137,7 +117,8 @@ class MergedLayers:
                         "post_ffw_norm": _norm_weight(layer.post_feedforward_layernorm),
                     }
                 )
-        self.call = _compiled(autotune) if compile else _layer
+        self.triton_qkv = triton_qkv
+        self.call = _compiled() if compile else _layer
 
     def hidden(
         self, inputs_embeds: Tensor, attention_mask: object, pixel_position_ids: Tensor
@@ -150,5 +131,7 @@ class MergedLayers:
         hidden = inputs_embeds
         for w in self.weights:
             _dynamic_batch_and_length(hidden)
-            hidden = self.call(hidden, cos, sin, w, self.heads, self.head_dim, self.eps)
+            hidden = self.call(
+                hidden, cos, sin, w, self.heads, self.head_dim, self.eps, self.triton_qkv
+            )
         return hidden

@@ -8,7 +8,7 @@ from typing import Literal
 
 Mode = Literal["exact", "fast"]
 Fused = Literal["auto", "on", "off"]
-FastKernels = Literal["stock", "merged", "merged-autotune"]
+FastKernels = Literal["stock", "merged", "merged-triton"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -101,7 +101,8 @@ class Settings:
     fused: Fused = "auto"
     # Fast mode's compiled layers (when ``fused`` compiles them): "stock" = transformers' layer
     # compiled plainly (fused.py); "merged" = hand-written layers with q/k/v and gate/up merged
-    # into one GEMM each (fast_layers.py); "merged-autotune" = those with inductor's max-autotune.
+    # into one GEMM each (fast_layers.py); "merged-triton" = those with the norms and rotary after
+    # the Q/K/V GEMM as one Triton kernel (qkv_kernel.py).
     fast_kernels: FastKernels = "stock"
     # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
     # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N. Off by
@@ -135,10 +136,10 @@ class Settings:
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
         fast_kernels = os.environ.get("GEMMA4_ENCODER_FAST_KERNELS", "stock").strip().lower()
-        if fast_kernels not in ("stock", "merged", "merged-autotune"):
+        if fast_kernels not in ("stock", "merged", "merged-triton"):
             raise ValueError(
                 f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected stock, merged or"
-                " merged-autotune"
+                " merged-triton"
             )
         return cls(
             disabled=_flag("GEMMA4_ENCODER_DISABLE", False),

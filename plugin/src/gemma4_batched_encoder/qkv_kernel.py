@@ -1,0 +1,148 @@
+"""Fast mode's Q/K/V epilogue as one Triton kernel: per-head RMS norms and the 2D rotary.
+
+After the merged Q/K/V GEMM, each head's q and k get an RMS norm (scaled) and Gemma 4's axial
+rotary (``apply_multidimensional_rope``: each half of the head dim rotated by ``rotate_half``
+with its own axis' angles), v a norm without scale. Inductor fused this into one kernel that
+took 0.49 ms a layer at 16 videos on the H200 (~1 TB/s; 8 of fast mode's 49 GPU ms,
+bench/results/h200/encoder-fast-kernels/). Here one program normalises and rotates a block of
+rows of one head in registers: the rotated partner of each element is a second load of the
+same row (an L1 hit), so q/k/v are read once and written once.
+
+Arithmetic as the layer's, in fp32 with one rounding to the output dtype after the norm and one
+after the rotary (the stock layer rounds each bf16 op): fast mode's deviation, not exact's bits.
+A ``torch.library`` custom op, so the compiled layer calls it as one opaque node; without CUDA
+(and without ``TRITON_INTERPRET=1``, which the CPU tests use) it runs the same math in torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install without triton: the torch path below
+    triton = None
+
+
+def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    # Gemma4RMSNorm: fp32, x * pow(mean(x^2) + eps, -0.5) [* w], back to x's dtype.
+    h = x.float()
+    h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        h = h * weight.float()
+    return h.type_as(x)
+
+
+def rope_2d(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """apply_multidimensional_rope for 2 position dims. x [B, L, N, D]; cos/sin [B, L, D]."""
+    cos = cos.unsqueeze(2)
+    sin = sin.unsqueeze(2)
+    half = x.shape[-1] // 2
+    parts = []
+    for p in range(2):
+        sl = slice(p * half, (p + 1) * half)
+        xp, c, s = x[..., sl], cos[..., sl], sin[..., sl]
+        x1, x2 = xp[..., : half // 2], xp[..., half // 2 :]
+        parts.append(xp * c + torch.cat((-x2, x1), dim=-1) * s)
+    return torch.cat(parts, dim=-1)
+
+
+def qkv_norm_rope_reference(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    heads: int,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The layer's own ops (transformers' order and roundings): q, k, v as [B, L, H, D]."""
+    b, n, _ = qkv.shape
+    x = qkv.view(b, n, 3, heads, -1)
+    q = rope_2d(_rms(x[:, :, 0], q_weight, eps), cos, sin)
+    k = rope_2d(_rms(x[:, :, 1], k_weight, eps), cos, sin)
+    return q, k, _rms(x[:, :, 2], None, eps)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _norm_rope_head(src, w_ptr, dst, c, s, d, rot, sign, m2, eps, D: tl.constexpr):
+        x = tl.load(src + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        xr = tl.load(src + rot[None, :], mask=m2, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        w = tl.load(w_ptr + d).to(tl.float32)
+        wr = tl.load(w_ptr + rot).to(tl.float32)
+        # the norm's output is rounded to the working dtype before the rotary, as the layer does
+        n = (x * inv[:, None] * w[None, :]).to(dst.dtype.element_ty).to(tl.float32)
+        nr = (xr * inv[:, None] * wr[None, :]).to(dst.dtype.element_ty).to(tl.float32)
+        out = n * c + sign[None, :] * nr * s
+        tl.store(dst + d[None, :], out.to(dst.dtype.element_ty), mask=m2)
+
+    @triton.jit
+    def _qkv_norm_rope_kernel(
+        qkv, cos, sin, qw, kw, q_out, k_out, v_out, M, eps,
+        H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    ):  # fmt: skip
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        h = tl.program_id(1)
+        d = tl.arange(0, D)
+        m2 = (rows < M)[:, None]
+        # rotate_half within each half of the head dim: [a, b] -> [-b, a], a and b D/4 wide
+        quarter: tl.constexpr = D // 4
+        first = (d % (2 * quarter)) < quarter
+        rot = tl.where(first, d + quarter, d - quarter)
+        sign = tl.where(first, -1.0, 1.0)
+        c = tl.load(cos + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        s = tl.load(sin + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        src = qkv + rows[:, None] * (3 * H * D) + h * D
+        out = rows[:, None] * (H * D) + h * D
+        _norm_rope_head(src, qw, q_out + out, c, s, d, rot, sign, m2, eps, D)
+        _norm_rope_head(src + H * D, kw, k_out + out, c, s, d, rot, sign, m2, eps, D)
+        v = tl.load(src + 2 * H * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / D + eps)
+        tl.store(v_out + out + d[None, :], (v * inv[:, None]).to(v_out.dtype.element_ty), mask=m2)
+
+
+def triton_usable(t: Tensor) -> bool:
+    """Whether the kernel runs for this tensor: CUDA with triton, or triton's CPU interpreter."""
+    if triton is None:
+        return False
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@torch.library.custom_op("gemma4_batched_encoder::qkv_norm_rope", mutates_args=())
+def qkv_norm_rope(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    heads: int,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as [B, L, H, D] from the merged projection [B, L, 3*H*D] (see the module doc)."""
+    b, n, width = qkv.shape
+    dim = width // (3 * heads)
+    if not triton_usable(qkv) or dim % 4 or dim & (dim - 1):
+        return qkv_norm_rope_reference(qkv, cos, sin, q_weight, k_weight, heads, eps)
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    q, k, v = (qkv.new_empty((b, n, heads, dim)) for _ in range(3))
+    rows = b * n
+    block = 64
+    _qkv_norm_rope_kernel[(triton.cdiv(rows, block), heads)](
+        qkv, cos, sin, q_weight.contiguous(), k_weight.contiguous(), q, k, v, rows, eps,
+        H=heads, D=dim, BLOCK_M=block, num_warps=4,
+    )  # fmt: skip
+    return q, k, v
+
+
+@qkv_norm_rope.register_fake
+def _(qkv, cos, sin, q_weight, k_weight, heads, eps):
+    b, n, width = qkv.shape
+    shape = (b, n, heads, width // (3 * heads))
+    return qkv.new_empty(shape), qkv.new_empty(shape), qkv.new_empty(shape)
