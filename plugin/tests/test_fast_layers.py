@@ -67,7 +67,7 @@ def test_clipped_linears_keep_the_compiled_stock_layers(caplog):
 
 def test_fast_kernels_setting(monkeypatch):
     monkeypatch.delenv("GEMMA4_ENCODER_FAST_KERNELS", raising=False)
-    assert Settings.from_env().fast_kernels == "stock"
+    assert Settings.from_env().fast_kernels == "merged-triton"
     monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "Merged-Triton")
     assert Settings.from_env().fast_kernels == "merged-triton"
     monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "fp8")

@@ -103,7 +103,10 @@ class Settings:
     # compiled plainly (fused.py); "merged" = hand-written layers with q/k/v and gate/up merged
     # into one GEMM each (fast_layers.py); "merged-triton" = those with the norms and rotary after
     # the Q/K/V GEMM as one Triton kernel (qkv_kernel.py).
-    fast_kernels: FastKernels = "stock"
+    # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
+    # the same H200 run, deviation from exact of the same size (bench/results/h200/
+    # encoder-fast-kernels/NOTES.md).
+    fast_kernels: FastKernels = "merged-triton"
     # torch.set_num_threads in the process that builds the model (engine_threads.py): None =
     # auto (1 where this vLLM does not do that itself), 0 = leave vLLM's setting, N = N. Off by
     # default: on the H200 (vLLM 0.20.0, eighth sitting) `auto` served 35 video req/s with a
@@ -135,7 +138,9 @@ class Settings:
         fused = "on" if fused in _TRUE else "off" if fused in _FALSE else fused
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
-        fast_kernels = os.environ.get("GEMMA4_ENCODER_FAST_KERNELS", "stock").strip().lower()
+        fast_kernels = (
+            os.environ.get("GEMMA4_ENCODER_FAST_KERNELS", cls.fast_kernels).strip().lower()
+        )
         if fast_kernels not in ("stock", "merged", "merged-triton"):
             raise ValueError(
                 f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected stock, merged or"
