@@ -12,8 +12,9 @@ the largest elementwise cost. The arithmetic is the layer's own (fp32 RMS norms,
 
 Only for towers whose linear layers are plain ``nn.Linear`` weights without clipping (the public
 E4B checkpoint's); anything else raises ``Unsupported`` at construction and fast mode keeps the
-compiled stock layers (``fused.FusedLayers(exact=False)``). The merged weights are copies: about
-200 MB more GPU memory for E4B's tower in bf16.
+compiled stock layers (``fused.FusedLayers(exact=False)``). The merged weights are copies, taken
+at fast mode's first call (after vLLM has loaded the weights): about 200 MB more GPU memory for
+E4B's tower in bf16, and weights changed in place later are not seen.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ class MergedLayers:
         with torch.no_grad():
             for layer in encoder.layers[: cfg.num_hidden_layers]:
                 a, m = layer.self_attn, layer.mlp
-                if a.v_norm.with_scale:
-                    raise Unsupported("scaled v_norm")
+                if a.v_norm.with_scale or not (a.q_norm.with_scale and a.k_norm.with_scale):
+                    raise Unsupported("q/k/v norm scales other than Gemma 4's")
                 self.weights.append(
                     {
                         "qkv": torch.cat([_weight(a.q_proj), _weight(a.k_proj), _weight(a.v_proj)]),
