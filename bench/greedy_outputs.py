@@ -24,7 +24,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 from PIL import Image
-from ttft_gap import chat_body, video_url  # same directory: run as `python bench/greedy_outputs.py`
 
 # (kind, width, height): sizes and aspect ratios that give different soft-token layouts
 CASES: list[tuple[str, int, int]] = [
@@ -46,6 +45,10 @@ def _png_url(rng: np.random.Generator, width: int, height: int) -> str:
 
 
 def build_requests(seed: int, model: str, tmp: Path) -> list[dict]:
+    # Here, not at the top: `--compare` needs neither this nor slo_loadtest (a plain python3 on
+    # the GPU host compared two files and failed on that import; 2026-12-02).
+    from ttft_gap import chat_body, video_url  # same directory: `python bench/greedy_outputs.py`
+
     rng = np.random.default_rng(seed)
     bodies = []
     for i, (kind, width, height) in enumerate(CASES):
