@@ -28,9 +28,12 @@ from gemma4_batched_encoder import synthetic as S
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 from gemma4_batched_encoder.settings import Settings
 
+# First match wins: attention before GEMM, since cuDNN's flash attention kernel is named
+# `..._sdpa_sm90_flash_fprop_wgmma_...` (the 2026-12-02 profiles, made before this order, count it
+# as gemm).
 KINDS = [
-    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|sm90_|sm100_|cublas", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|sm90_|sm100_|cublas", re.I)),
     ("triton", re.compile(r"^triton_", re.I)),
     ("copy", re.compile(r"copy|memcpy|memset|cat|fill", re.I)),
 ]

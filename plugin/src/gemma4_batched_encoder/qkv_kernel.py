@@ -29,7 +29,8 @@ except ImportError:  # a CPU-only install without triton: the torch path below
 
 
 def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    # Gemma4RMSNorm: fp32, x * pow(mean(x^2) + eps, -0.5) [* w], back to x's dtype.
+    # Gemma4RMSNorm.forward on a bare weight (the merged layers hold weights, not modules):
+    # fp32, x * pow(mean(x^2) + eps, -0.5) [* w], back to x's dtype.
     h = x.float()
     h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -38,16 +39,17 @@ def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 
 
 def rope_2d(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """apply_multidimensional_rope for 2 position dims. x [B, L, N, D]; cos/sin [B, L, D]."""
-    cos = cos.unsqueeze(2)
-    sin = sin.unsqueeze(2)
+    """apply_multidimensional_rope for 2 position dims: transformers' rotary on each half of the
+    head dim with that half's angles. x [B, L, N, D]; cos/sin [B, L, D]."""
+    # imported here: the plugin must import even where a transformers version lacks the name
+    # (only this reference path needs it; the CUDA path runs the kernel)
+    from transformers.models.gemma4.modeling_gemma4 import apply_rotary_pos_emb
+
     half = x.shape[-1] // 2
-    parts = []
-    for p in range(2):
-        sl = slice(p * half, (p + 1) * half)
-        xp, c, s = x[..., sl], cos[..., sl], sin[..., sl]
-        x1, x2 = xp[..., : half // 2], xp[..., half // 2 :]
-        parts.append(xp * c + torch.cat((-x2, x1), dim=-1) * s)
+    parts = [
+        apply_rotary_pos_emb(x[..., sl], cos[..., sl], sin[..., sl], unsqueeze_dim=2)
+        for sl in (slice(0, half), slice(half, None))
+    ]
     return torch.cat(parts, dim=-1)
 
 

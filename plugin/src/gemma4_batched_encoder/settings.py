@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 Mode = Literal["exact", "fast"]
 Fused = Literal["auto", "on", "off"]
@@ -141,7 +141,7 @@ class Settings:
         fast_kernels = (
             os.environ.get("GEMMA4_ENCODER_FAST_KERNELS", cls.fast_kernels).strip().lower()
         )
-        if fast_kernels not in ("stock", "merged", "merged-triton"):
+        if fast_kernels not in get_args(FastKernels):
             raise ValueError(
                 f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected stock, merged or"
                 " merged-triton"
