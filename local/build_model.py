@@ -128,7 +128,9 @@ def _vision_presets() -> dict[str, dict[str, Any]]:
     try:
         from gemma4_batched_encoder.presets import VISION_PRESETS
     except ImportError as exc:  # the plugin is part of the dev environment (make venv)
-        raise SystemExit("gemma4_batched_encoder is not installed: run `make venv` first") from exc
+        raise SystemExit(
+            f"gemma4_batched_encoder cannot be imported ({exc}): run `make venv` first"
+        ) from exc
     return VISION_PRESETS
 
 

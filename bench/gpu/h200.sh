@@ -116,9 +116,12 @@ install)
     --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
   if [[ -e /tmp/model-build.pid ]]; then
     while kill -0 "$(cat /tmp/model-build.pid)" 2>/dev/null; do sleep 2; done
-    [[ -e /tmp/model-built ]] || { tail -n 20 /tmp/model-build.log; exit 1; }
+  fi
+  if [[ -e /tmp/model-built ]]; then
     echo "model built in the background: $(tail -n 1 /tmp/model-build.log)"
   else
+    # no prebuild, or it failed (its log's last lines say why): build now, with the site installed
+    [[ -e /tmp/model-build.log ]] && echo "background build failed: $(tail -n 1 /tmp/model-build.log)"
     python3 "$REPO/local/build_model.py" --vision e4b --text e4b --weights "$WEIGHTS" --device cuda \
       --out "$MODEL_DIR" $BUILD_ARGS
   fi
