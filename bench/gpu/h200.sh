@@ -39,6 +39,9 @@
 #   bench/gpu/h200.sh config NAME PORT RATES DURATION [ENV=VAL ...]   serve + wait + measure
 #                                           (+ profile at $PROFILE_RATE) + stop, all files of it
 #                                           in one $OUT/NAME.tgz: one configuration per call
+#   bench/gpu/h200.sh packed NAME STEP ARGS...   any step with its files packed into one
+#                                           $OUT/NAME.tgz (the device returns 8 files a call;
+#                                           a `measure` alone writes more)
 #   bench/gpu/h200.sh profile NAME PORT WORKLOAD RATE SECONDS   py-spy of the server's engine core
 #                                           and first API server while a constant-rate load runs
 #                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py),
@@ -345,6 +348,18 @@ profile)
       python3 bench/pyspy_top.py "$OUT/$name-$what.txt" --top 25 --out "$OUT/$name-$what-top.json" \
         >"/tmp/top-$name-$what.txt" && head -n 30 "/tmp/top-$name-$what.txt"
   done
+  ;;
+packed)
+  # STEP's files (and, for a served NAME, its server log) as one archive; the step's exit status
+  # is printed, not passed on, so the archive is always written.
+  name="${1:?name}"
+  shift
+  final="$OUT"
+  export OUT="/tmp/packed-$name"
+  mkdir -p "$OUT"
+  bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $?"
+  tar -czf "$final/$name.tgz" -C "$OUT" .
+  ls -la "$final/$name.tgz"
   ;;
 config)
   # One server configuration in one device call (~8 min: cold start ~3.7, TTFT gap + sweep ~3,
