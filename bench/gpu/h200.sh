@@ -350,8 +350,8 @@ profile)
   done
   ;;
 packed)
-  # STEP's files (and, for a served NAME, its server log) as one archive; the step's exit status
-  # is printed, not passed on, so the archive is always written.
+  # STEP's files as one archive; the step's exit status is printed, not passed on, so the
+  # archive is always written.
   name="${1:?name}"
   shift
   final="$OUT"
