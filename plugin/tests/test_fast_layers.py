@@ -37,6 +37,7 @@ def test_merged_layers_compute_what_the_stock_layers_compute(compiled):
     if not compiled:
         layers.call = fast_layers._layer
     out = enc.encode(pvs, pps)
+    assert enc._fast_layers[(torch.device("cpu"), torch.float32)] is layers  # ran, no fallback
     assert _max_rel_diff(out, ref) < 1e-5
 
 
@@ -70,9 +71,64 @@ def test_fast_kernels_setting(monkeypatch):
     assert Settings.from_env().fast_kernels == "merged-triton"
     monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "Merged-Triton")
     assert Settings.from_env().fast_kernels == "merged-triton"
-    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "fp8")
-    with pytest.raises(ValueError, match="GEMMA4_ENCODER_FAST_KERNELS='fp8'"):
+    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "merged-triton-fp8")
+    assert Settings.from_env().fast_kernels == "merged-triton-fp8"
+    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "fp4")
+    with pytest.raises(ValueError, match=r"GEMMA4_ENCODER_FAST_KERNELS='fp4'.*merged-triton-fp8"):
         Settings.from_env()
+
+
+def test_the_fp8_gemm_is_the_product_of_its_dequantized_operands():
+    # What _scaled_mm must compute with row scales for x and column scales for the weight: an
+    # exchanged or transposed scale would give another product. bf16 out: one rounding.
+    torch.manual_seed(0)
+    x = torch.randn(3, 37, 64) * torch.logspace(-2, 2, 64)  # rows and columns of other ranges
+    weight = torch.randn(48, 64) * torch.logspace(-1, 1, 48)[:, None]
+    wq, w_scale = fast_layers._quantize_rows(weight)
+    w = {"m": wq, "m_scale": w_scale.t().contiguous()}
+    xq, x_scale = fast_layers._quantize_rows(x.reshape(-1, 64))
+    expected = (xq.float() * x_scale) @ (wq.float() * w_scale).t()
+    got = fast_layers._linear(x, w, "m").reshape(-1, 48)
+    assert got.dtype == torch.float32
+    assert ((got - expected).abs().max() / expected.abs().max()).item() < 1e-2
+    # and quantizing is what changes the result (fp8 rounds at 1/16 relative)
+    assert ((got - x.reshape(-1, 64) @ weight.t()).abs().max() / expected.abs().max()) > 1e-3
+
+
+def test_fp8_layers_quantize_every_gemm_and_stay_near_the_stock_layers():
+    tower = H.tower(torch.float32, seed=3)
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+    ref = BatchedVisionEncoder(tower, STOCK_FAST).encode(pvs, pps)
+    enc = BatchedVisionEncoder(
+        tower,
+        Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged-triton-fp8"),
+    )
+    layers = enc.fast_layers(torch.device("cpu"), torch.float32)
+    assert isinstance(layers, MergedLayers)
+    for w in layers.weights:
+        for name in fast_layers.GEMMS:
+            assert w[name].dtype == torch.float8_e4m3fn
+            assert w[name + "_scale"].shape == (1, w[name].shape[0])
+    layers.call = fast_layers._layer  # eager: the compiled call is the same _layer
+    out = enc.encode(pvs, pps)
+    assert enc._fast_layers[(torch.device("cpu"), torch.float32)] is layers  # ran, no fallback
+    # per item, relative to its norm: bf16 against fp32 is ~0.025 on this tower, fp8 ~0.13
+    errors = [((o - r).norm() / r.norm()).item() for o, r in zip(out, ref, strict=True)]
+    assert 1e-3 < max(errors) < 0.25, errors
+
+
+def test_fp8_unavailable_keeps_the_compiled_stock_layers(monkeypatch, caplog):
+    # e.g. a CUDA device before compute capability 8.9, which this machine cannot show
+    monkeypatch.setattr(fast_layers, "fp8_gemm_error", lambda device: "no float8 GEMMs here")
+    tower = H.tower(torch.float32, seed=4)
+    enc = BatchedVisionEncoder(
+        tower,
+        Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged-triton-fp8"),
+    )
+    with caplog.at_level(logging.WARNING, logger="vllm.gemma4_batched_encoder"):
+        layers = enc.fast_layers(torch.device("cpu"), torch.float32)
+    assert isinstance(layers, FusedLayers)
+    assert "merged-triton-fp8 unsupported here (no float8 GEMMs here)" in caplog.text
 
 
 _KERNEL_CHECK = """
@@ -125,3 +181,62 @@ def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
     assert max(result["kernel"]["fp32"]) < 1e-6
     assert max(result["kernel"]["bf16"]) < 2e-2  # one rounding where bf16 eager has several
     assert result["encoder"] < 1e-5
+
+
+_VLLM_LINEARS = """
+import json, tempfile, torch
+import g4helpers as H
+from test_bit_identity import COMPOSITIONS
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.models.transformers.utils import recursive_replace_linear
+from gemma4_batched_encoder import Settings
+from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+from gemma4_batched_encoder import fast_layers
+with set_current_vllm_config(VllmConfig()):
+    init_distributed_environment(1, 0, "file://" + tempfile.mktemp(), 0, "gloo")
+    initialize_model_parallel(1, 1)
+    tower = H.tower(torch.float32, seed=3)
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+    stock = Settings(mode="fast", cuda_graphs=False, fused="off")
+    ref = BatchedVisionEncoder(tower, stock).encode(pvs, pps)
+    weights = {k: v.clone() for k, v in tower.state_dict().items()}
+    recursive_replace_linear(tower, None, prefix="vision_tower")  # what vLLM 0.32's model does
+    tower.load_state_dict(weights)
+    for m in tower.modules():  # as vLLM's loader does after loading; weights kept as on CUDA
+        if hasattr(m, "quant_method"):
+            m._cpu_skip_gemm_dispatch = True  # (on the CPU vLLM packs them away otherwise)
+            m.quant_method.process_weights_after_loading(m)
+    q = tower.encoder.layers[0].self_attn.q_proj
+    enc = BatchedVisionEncoder(
+        tower, Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged"))
+    key = (torch.device("cpu"), torch.float32)
+    enc.fast_layers(*key).call = fast_layers._layer  # eager: the compiled call is the same _layer
+    got = enc.encode(pvs, pps)
+print(json.dumps({
+    "linear": type(getattr(q, "linear", q)).__name__,
+    "layers": type(enc._fast_layers[key]).__name__,  # None had they failed and fallen back
+    "diff": max(((g - r).abs().max() / r.abs().max()).item() for g, r in zip(got, ref)),
+}))
+"""
+
+
+def test_merged_layers_take_the_linears_vllm_puts_in_the_tower():
+    # vLLM 0.32 replaces the tower's nn.Linear with its ReplicatedLinear; before, fast mode fell
+    # back to the compiled stock layers in the served model. Own process: it sets up vLLM's
+    # (single-rank) model-parallel state, which the other tests must not see.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent)])}
+    proc = subprocess.run(
+        [sys.executable, "-c", _VLLM_LINEARS], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["linear"] == "ReplicatedLinear"
+    assert result["layers"] == "MergedLayers"
+    assert result["diff"] < 1e-5

@@ -125,7 +125,11 @@ class BatchedVisionEncoder:
         kernels = self.settings.fast_kernels
         if kernels != "stock":
             try:
-                return MergedLayers(self.vt, triton_qkv=kernels == "merged-triton")
+                return MergedLayers(
+                    self.vt,
+                    triton_qkv=kernels.startswith("merged-triton"),
+                    fp8=kernels.endswith("-fp8"),
+                )
             except Unsupported as e:
                 logger.warning("GEMMA4_ENCODER_FAST_KERNELS=%s unsupported here (%s)", kernels, e)
         return FusedLayers(self.vt, exact=False)

@@ -10,11 +10,20 @@ the largest elementwise cost. The arithmetic is the layer's own (fp32 RMS norms,
 1, GELU-tanh), so it deviates from ``exact`` only by rounding order, which fast mode reports
 (``verify --mode fast``).
 
-Only for towers whose linear layers are plain ``nn.Linear`` weights without clipping (the public
-E4B checkpoint's); anything else raises ``Unsupported`` at construction and fast mode keeps the
-compiled stock layers (``fused.FusedLayers(exact=False)``). The merged weights are copies, taken
-at fast mode's first call (after vLLM has loaded the weights): about 200 MB more GPU memory for
-E4B's tower in bf16, and weights changed in place later are not seen.
+With ``fp8`` the four GEMMs run in float8 (e4m3) through ``torch._scaled_mm``: each weight row
+and each activation row is scaled by its own absolute maximum (per output channel, per token), the
+products accumulate in fp32 and come out in the layer's dtype. That halves the GEMMs' bytes and
+doubles the H200's matrix rate, at a precision cost that ``verify --mode fast`` reports like any
+other fast kernel; it needs float8 GEMMs on the device (Hopper/Ada on CUDA, or the CPU), else
+``Unsupported``.
+
+Only for towers whose linear layers are plain, unquantized, bias-free linears without clipping
+(the public E4B checkpoint's: ``nn.Linear``, or the ``ReplicatedLinear`` that vLLM 0.32, not
+0.20, puts in their place); anything else raises ``Unsupported`` at construction and fast mode
+keeps the compiled stock layers (``fused.FusedLayers(exact=False)``). The merged weights are
+copies, taken at fast mode's first call (after vLLM has loaded the weights): about 200 MB more
+GPU memory for E4B's tower in bf16 (half that in float8), and weights changed in place later are
+not seen.
 """
 
 from __future__ import annotations
@@ -37,8 +46,16 @@ def _weight(linear: nn.Module) -> Tensor:
     if getattr(linear, "use_clipped_linears", False):
         raise Unsupported("clipped linears")
     inner = getattr(linear, "linear", linear)
-    if not isinstance(inner, nn.Linear) or inner.bias is not None:
-        raise Unsupported(f"{type(inner).__name__} is not a bias-free nn.Linear")
+    # vLLM 0.32 (not 0.20) swaps the tower's nn.Linear for its ReplicatedLinear
+    # (recursive_replace_linear); unquantized and bias-free, it runs F.linear on the same weight
+    plain = isinstance(inner, nn.Linear) or (
+        type(inner).__name__ == "ReplicatedLinear"
+        and type(getattr(inner, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
+    )
+    if not plain or getattr(inner, "bias", None) is not None:
+        raise Unsupported(f"{type(inner).__name__} is not a bias-free, unquantized linear")
+    if inner.weight.numel() == 0:  # vLLM's CPU GEMM dispatch packs bf16 weights away
+        raise Unsupported(f"{type(inner).__name__}'s weight was packed away")
     return inner.weight
 
 
@@ -46,6 +63,43 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
     if type(norm).__name__ != "Gemma4RMSNorm":
         raise Unsupported(f"norm {type(norm).__name__}")
     return norm.weight if getattr(norm, "with_scale", True) else None
+
+
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+GEMMS = ("qkv", "o", "gate_up", "down")
+
+
+def _quantize_rows(t: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row of ``t`` in float8_e4m3fn, and the float32 scale that multiplies it back."""
+    scale = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    return (t.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+def _linear(x: Tensor, w: dict[str, Tensor | None], name: str) -> Tensor:
+    """``F.linear(x, w[name])``, or its float8 GEMM when the weight was quantized."""
+    weight, w_scale = w[name], w.get(name + "_scale")
+    assert weight is not None
+    if w_scale is None:
+        return F.linear(x, weight)
+    xq, x_scale = _quantize_rows(x.reshape(-1, x.shape[-1]))
+    # bf16 out: the only high-precision output CUDA's row-wise scaled GEMM offers
+    out = torch._scaled_mm(
+        xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16
+    ).to(x.dtype)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def fp8_gemm_error(device: torch.device) -> str | None:
+    """Why float8 GEMMs with row-wise scales cannot run on ``device`` (None: they can)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        return f"float8 GEMMs need compute capability 8.9+ ({torch.cuda.get_device_name(device)})"
+    try:
+        a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+        ones = torch.ones(16, 1, device=device)
+        torch._scaled_mm(a, a.t(), scale_a=ones, scale_b=ones.t(), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as e:
+        return f"float8 GEMMs unavailable: {e}"
+    return None
 
 
 def _layer(
@@ -61,14 +115,14 @@ def _layer(
     b, n, _ = x.shape
     h = _rms(x, w["input_norm"], eps)
     qkv_fn = qkv_norm_rope if triton_qkv else qkv_norm_rope_reference
-    q, k, v = qkv_fn(F.linear(h, w["qkv"]), cos, sin, w["q_norm"], w["k_norm"], heads, eps)
+    q, k, v = qkv_fn(_linear(h, w, "qkv"), cos, sin, w["q_norm"], w["k_norm"], heads, eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
-    attn = F.linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w["o"])
+    attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
     x = x + _rms(attn, w["post_attn_norm"], eps)
     h = _rms(x, w["pre_ffw_norm"], eps)
-    gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
-    h = F.linear(F.gelu(gate, approximate="tanh") * up, w["down"])
+    gate, up = _linear(h, w, "gate_up").chunk(2, dim=-1)
+    h = _linear(F.gelu(gate, approximate="tanh") * up, w, "down")
     return x + _rms(h, w["post_ffw_norm"], eps)
 
 
@@ -85,7 +139,9 @@ def _compiled() -> Callable[..., Tensor]:
 class MergedLayers:
     """The tower's encoder layers as merged-weight calls; same ``hidden`` as ``FusedLayers``."""
 
-    def __init__(self, vt: nn.Module, triton_qkv: bool = False, compile: bool = True) -> None:
+    def __init__(
+        self, vt: nn.Module, triton_qkv: bool = False, compile: bool = True, fp8: bool = False
+    ) -> None:
         encoder = vt.encoder
         cfg = encoder.config
         if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
@@ -118,8 +174,24 @@ class MergedLayers:
                         "post_ffw_norm": _norm_weight(layer.post_feedforward_layernorm),
                     }
                 )
+        if fp8:
+            self._quantize(next(encoder.parameters()).device)
         self.triton_qkv = triton_qkv
         self.call = _compiled() if compile else _layer
+
+    def _quantize(self, device: torch.device) -> None:
+        """The four GEMMs' weights as float8 rows plus their scales (``[1, out]``, as
+        ``_scaled_mm`` takes them); the bf16 merged copies are dropped."""
+        error = fp8_gemm_error(device)
+        if error:
+            raise Unsupported(error)
+        with torch.no_grad():
+            for w in self.weights:
+                for name in GEMMS:
+                    weight = w[name]
+                    assert weight is not None
+                    w[name], scale = _quantize_rows(weight)
+                    w[name + "_scale"] = scale.t().contiguous()
 
     def hidden(
         self, inputs_embeds: Tensor, attention_mask: object, pixel_position_ids: Tensor

@@ -8,7 +8,7 @@ from typing import Literal, get_args
 
 Mode = Literal["exact", "fast"]
 Fused = Literal["auto", "on", "off"]
-FastKernels = Literal["stock", "merged", "merged-triton"]
+FastKernels = Literal["stock", "merged", "merged-triton", "merged-triton-fp8"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -102,7 +102,8 @@ class Settings:
     # Fast mode's compiled layers (when ``fused`` compiles them): "stock" = transformers' layer
     # compiled plainly (fused.py); "merged" = hand-written layers with q/k/v and gate/up merged
     # into one GEMM each (fast_layers.py); "merged-triton" = those with the norms and rotary after
-    # the Q/K/V GEMM as one Triton kernel (qkv_kernel.py).
+    # the Q/K/V GEMM as one Triton kernel (qkv_kernel.py); "merged-triton-fp8" = those with the
+    # four GEMMs in float8, row-wise scaled (opt-in: a precision trade, not yet timed on a GPU).
     # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
     # the same H200 run, deviation from exact of the same size (bench/results/h200/
     # encoder-fast-kernels/NOTES.md).
@@ -143,8 +144,8 @@ class Settings:
         )
         if fast_kernels not in get_args(FastKernels):
             raise ValueError(
-                f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected stock, merged or"
-                " merged-triton"
+                f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected one of"
+                f" {', '.join(get_args(FastKernels))}"
             )
         return cls(
             disabled=_flag("GEMMA4_ENCODER_DISABLE", False),
