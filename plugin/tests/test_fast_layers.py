@@ -160,23 +160,27 @@ print(json.dumps(out))
 """
 
 
-def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
-    # The kernel itself, run by triton's CPU interpreter (read when triton.jit decorates: a
-    # fresh process): against the layer's ops, alone and inside the merged layers.
+def _in_own_process(script: str, **env: str) -> dict:
+    """Run ``script`` in a fresh Python with this folder importable; its last line, as JSON."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    tests = Path(__file__).parent
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tests), env.get("PYTHONPATH", "")])
+    env = {**os.environ, **env}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
+    # The kernel itself, run by triton's CPU interpreter (read when triton.jit decorates: a
+    # fresh process): against the layer's ops, alone and inside the merged layers.
+    result = _in_own_process(_KERNEL_CHECK, TRITON_INTERPRET="1")
     assert result["usable"]
     assert max(result["kernel"]["fp32"]) < 1e-6
     assert max(result["kernel"]["bf16"]) < 2e-2  # one rounding where bf16 eager has several
@@ -225,18 +229,7 @@ def test_merged_layers_take_the_linears_vllm_puts_in_the_tower():
     # vLLM 0.32 replaces the tower's nn.Linear with its ReplicatedLinear; before, fast mode fell
     # back to the compiled stock layers in the served model. Own process: it sets up vLLM's
     # (single-rank) model-parallel state, which the other tests must not see.
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent)])}
-    proc = subprocess.run(
-        [sys.executable, "-c", _VLLM_LINEARS], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _in_own_process(_VLLM_LINEARS)
     assert result["linear"] == "ReplicatedLinear"
     assert result["layers"] == "MergedLayers"
     assert result["diff"] < 1e-5
