@@ -24,6 +24,8 @@
 #                                           another loads sizes it wrong, 0.20.0 and 0.26.0)
 #   bench/gpu/h200.sh wait-kv PORT          wait until that server has allocated its KV cache
 #   bench/gpu/h200.sh greedy NAME PORT TAG  greedy outputs (7 fixed requests) to NAME-greedy-TAG.json
+#   bench/gpu/h200.sh greedy-history NAME PORT   greedy outputs before and after the warm-up's
+#                                           traffic, compared (does history change the numerics?)
 #   bench/gpu/h200.sh fast-probe            fast mode's kernels side by side (KERNELS="stock merged
 #                                           merged-triton"): verify, bench, kernel profile
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
@@ -194,9 +196,9 @@ fast-probe)
   E="--preset e4b --device cuda --dtype bf16"
   for k in ${KERNELS:-stock merged merged-triton}; do
     export GEMMA4_ENCODER_FAST_KERNELS="$k"
-    python3 -m gemma4_batched_encoder.verify $E --mode fast --videos 1,16 --images 4 \
+    python3 -m gemma4_batched_encoder.verify $E --mode fast --videos 1,16 --images 4 --noise-floor \
       >"$OUT/fast-$k-verify.json" 2>"/tmp/fast-$k.log" || true # exits 1: fast is not bitwise
-    python3 -c "import json; d=json.load(open('$OUT/fast-$k-verify.json')); print('$k verify', {x: d.get(x) for x in ('max_abs_diff', 'cuda_graphs_captured')})" ||
+    python3 -c "import json; d=json.load(open('$OUT/fast-$k-verify.json')); print('$k verify', {x: d.get(x) for x in ('max_abs_diff', 'max_rel_diff', 'stock_vs_fp32', 'plugin_vs_fp32', 'cuda_graphs_captured')})" ||
       tail -n 5 "/tmp/fast-$k.log"
     python3 -m gemma4_batched_encoder.bench $E --videos 1,16 --warmup 3 --repeats 10 \
       --methods exact-fused,fast --out "$OUT/fast-$k-bench.json" >"$OUT/fast-$k-bench.txt" \
@@ -263,6 +265,23 @@ greedy)
   cd "$REPO"
   python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
     --out "$OUT/$name-greedy-$tag.json"
+  ;;
+greedy-history)
+  # Do a server's greedy outputs depend on the traffic it served before? Greedy outputs, then the
+  # chart's warm-up traffic (gemma4_batched_encoder.warmup: a client, so stock servers too), then
+  # greedy outputs again, and the two compared (the sixteenth sitting's chart-configured plugin
+  # server, measured after its warm-up, differed from stock in logprobs, text included).
+  name="${1:?name}" port="${2:?port}"
+  cd "$REPO"
+  python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
+    --out "$OUT/$name-greedy-before.json"
+  python3 -m gemma4_batched_encoder.warmup --target "http://127.0.0.1:$port" --model "$SERVED" \
+    >"$OUT/$name-warmup.json" || echo "warm-up: exit $?"
+  python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
+    --out "$OUT/$name-greedy-after.json"
+  echo "$name, before vs after the warm-up's traffic:"
+  python3 bench/greedy_outputs.py --compare "$OUT/$name-greedy-before.json" \
+    "$OUT/$name-greedy-after.json" || true
   ;;
 measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
