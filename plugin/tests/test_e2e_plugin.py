@@ -128,21 +128,13 @@ def test_fast_mode_keeps_greedy_tokens_on_fixed_inputs(vllm_server, vllm_server_
     assert metric(text, "gemma4_encoder_calls_total", path="plugin") >= 3
 
 
-# The chart's `server.pluginEnv` (charts/gemma4-serving/values.yaml; GPU batching installs only
-# on an accelerator, so here it is the switch being accepted).
-CHART_PLUGIN_ENV = {
-    "GEMMA4_ENGINE_GPU_BATCHING": "1",
-    "GEMMA4_MEDIA_UINT8": "on",
-    "GEMMA4_MEDIA_FRAME_THREADS": "2",
-}
-
-
 def test_chart_configuration_after_warm_up_keeps_greedy_outputs(vllm_server, vllm_server_factory):
     """The server as the chart runs it: `server.pluginEnv` (uint8 hand-off: the API server sends
     uint8 patches, the engine rescales them) and the warm-up's traffic before the first user
     request. Same tokens and logprobs as the plugin's defaults on text, image and video requests:
     neither the configuration nor the history a warm-up leaves may change what a request gets
     (the H200's sixteenth sitting saw such a server differ in logprobs, text included)."""
+    import stack  # local/stack.py: the chart's values, as `make demo` serves them
     from gemma4_batched_encoder import warmup
 
     requests = [
@@ -153,7 +145,10 @@ def test_chart_configuration_after_warm_up_keeps_greedy_outputs(vllm_server, vll
     ]
     defaults = [chat(vllm_server, r) for r in requests]
     assert "uint8 pixel values received" not in vllm_server.log_path.read_text()
-    server = vllm_server_factory("chart-config", env=CHART_PLUGIN_ENV)
+    # GPU batching, one of the keys, installs only on an accelerator: here it is only accepted
+    chart_env = stack.chart_plugin_env()
+    assert chart_env.get("GEMMA4_MEDIA_UINT8") == "on", chart_env  # what the assertions below read
+    server = vllm_server_factory("chart-config", env=chart_env)
     small = ["--video-frames", "2", "--width", "160", "--height", "120", "--wait", "60"]
     rc = warmup.main(["--target", server.url, "--bursts", "1,3", "--image-bursts", "2", *small])
     assert rc == 0
