@@ -382,14 +382,14 @@ packed)
   ;;
 config)
   # One server configuration in one device call (~8 min: cold start ~3.7, TTFT gap + sweep ~3,
-  # profile ~1.3): serve, wait, measure, profile at $PROFILE_RATE (unset: none), stop the server,
-  # and pack every file of it into $OUT/NAME.tgz (the device returns 8 files a call).
+  # profile ~1.3), every file of it packed into $OUT/NAME.tgz (the device returns 8 files a call)
+  bash "$REPO/bench/gpu/h200.sh" packed "${1:?name}" config-steps "$@"
+  ;;
+config-steps)
+  # config's steps, unpacked: serve, wait, measure, profile at $PROFILE_RATE (unset: none), stop
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
   shift 4
   self="$REPO/bench/gpu/h200.sh"
-  final="$OUT"
-  export OUT="/tmp/config-$name"
-  mkdir -p "$OUT"
   bash "$self" serve "$name" "$port" "$@"
   if bash "$self" wait "$port"; then
     bash "$self" measure "$name" "$port" "$rates" "$duration" || echo "measure: exit $?"
@@ -405,8 +405,6 @@ config)
     sleep 1
   done
   sleep 5 # the GPU memory of the stopped server
-  tar -czf "$final/$name.tgz" -C "$OUT" .
-  ls -la "$final/$name.tgz"
   ;;
 *)
   echo "unknown step $cmd" >&2
