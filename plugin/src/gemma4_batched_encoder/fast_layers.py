@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fp8_quant import gelu_mul_quant, quantize_rows
 from .fused import _dynamic_batch_and_length
 from .qkv_kernel import _rms, qkv_norm_rope, qkv_norm_rope_reference
 
@@ -65,14 +66,7 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
     return norm.weight if getattr(norm, "with_scale", True) else None
 
 
-FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 GEMMS = ("qkv", "o", "gate_up", "down")
-
-
-def _quantize_rows(t: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row of ``t`` in float8_e4m3fn, and the float32 scale that multiplies it back."""
-    scale = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    return (t.float() / scale).to(torch.float8_e4m3fn), scale
 
 
 def _linear(x: Tensor, w: dict[str, Tensor | None], name: str) -> Tensor:
@@ -81,7 +75,7 @@ def _linear(x: Tensor, w: dict[str, Tensor | None], name: str) -> Tensor:
     assert weight is not None
     if w_scale is None:
         return F.linear(x, weight)
-    xq, x_scale = _quantize_rows(x.reshape(-1, x.shape[-1]))
+    xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
     # bf16 out: the only high-precision output CUDA's row-wise scaled GEMM offers
     out = torch._scaled_mm(
         xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16
@@ -121,8 +115,17 @@ def _layer(
     attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
     x = x + _rms(attn, w["post_attn_norm"], eps)
     h = _rms(x, w["pre_ffw_norm"], eps)
-    gate, up = _linear(h, w, "gate_up").chunk(2, dim=-1)
-    h = _linear(F.gelu(gate, approximate="tanh") * up, w, "down")
+    gate_up = _linear(h, w, "gate_up")
+    if triton_qkv and w.get("down_scale") is not None:
+        # float8: GELU x up, the row's amax and the quantization in one kernel
+        xq, x_scale = gelu_mul_quant(gate_up.reshape(b * n, -1))
+        h = torch._scaled_mm(
+            xq, w["down"].t(), scale_a=x_scale, scale_b=w["down_scale"], out_dtype=torch.bfloat16
+        ).to(x.dtype)
+        h = h.reshape(b, n, -1)
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = _linear(F.gelu(gate, approximate="tanh") * up, w, "down")
     return x + _rms(h, w["post_ffw_norm"], eps)
 
 
@@ -190,7 +193,7 @@ class MergedLayers:
                 for name in GEMMS:
                     weight = w[name]
                     assert weight is not None
-                    w[name], scale = _quantize_rows(weight)
+                    w[name], scale = quantize_rows(weight)
                     w[name + "_scale"] = scale.t().contiguous()
 
     def hidden(
