@@ -91,15 +91,42 @@ def collect(target: str, model: str, seed: int) -> list[dict]:
     return out
 
 
+def _max_logprob_diff(x: dict, y: dict) -> float | None:
+    """Largest |logprob difference| over the top-5 entries both runs list at the same step and
+    token (None when the greedy tokens differ: then the steps are not comparable)."""
+    if x["tokens"] != y["tokens"]:
+        return None
+    diff = 0.0
+    for sx, sy in zip(x.get("top_logprobs") or [], y.get("top_logprobs") or [], strict=True):
+        other = dict((tok, lp) for tok, lp in sy)
+        diff = max([diff] + [abs(lp - other[tok]) for tok, lp in sx if tok in other])
+    return diff
+
+
 def compare(a_path: Path, b_path: Path) -> int:
     a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
+    pairs = list(zip(a["outputs"], b["outputs"], strict=True))
     diffs = [
         (x["case"], x["kind"])
-        for x, y in zip(a["outputs"], b["outputs"], strict=True)
+        for x, y in pairs
         if x["tokens"] != y["tokens"] or x.get("top_logprobs") != y.get("top_logprobs")
     ]
-    n = len(a["outputs"])
-    print(json.dumps({"identical": not diffs, "requests": n, "differing": diffs}))
+    print(
+        json.dumps(
+            {
+                "identical": not diffs,
+                "requests": len(pairs),
+                "differing": diffs,
+                "tokens_equal": all(x["tokens"] == y["tokens"] for x, y in pairs),
+                # per differing request: its largest top-5 logprob difference (nats)
+                "max_logprob_diff": {
+                    f"{x['case']}:{x['kind']}": _max_logprob_diff(x, y)
+                    for x, y in pairs
+                    if (x["case"], x["kind"]) in diffs
+                },
+            }
+        )
+    )
     return 1 if diffs else 0
 
 

@@ -17,7 +17,8 @@
 #                                           frames), unfused unpadded, fast; exact-fused vs fast timings
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
 #                                           (GEMMA4_WARMUP=1: the entrypoint's warm-up, as the chart;
-#                                           `wait` then waits for it too)
+#                                           `wait` then waits for it too; FRESH_CACHES=1: its own
+#                                           vLLM, inductor and Triton caches, as a new pod's)
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #                                           (servers sharing the GPU: start the next only after
 #                                           the last has sized its KV cache; one profiling while
@@ -26,6 +27,8 @@
 #   bench/gpu/h200.sh greedy NAME PORT TAG  greedy outputs (7 fixed requests) to NAME-greedy-TAG.json
 #   bench/gpu/h200.sh greedy-history NAME PORT   greedy outputs before and after the warm-up's
 #                                           traffic, compared (does history change the numerics?)
+#   bench/gpu/h200.sh greedy-servers NAME:PORT...   greedy-history on each, then every server's
+#                                           `before` against the first's, and its compile log lines
 #   bench/gpu/h200.sh fast-probe            fast mode's kernels side by side (KERNELS="stock merged
 #                                           merged-triton"): verify, bench, kernel profile
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
@@ -41,6 +44,9 @@
 #   bench/gpu/h200.sh config NAME PORT RATES DURATION [ENV=VAL ...]   serve + wait + measure
 #                                           (+ profile at $PROFILE_RATE) + stop, all files of it
 #                                           in one $OUT/NAME.tgz: one configuration per call
+#   bench/gpu/h200.sh bg NAME STEP ARGS...  `packed NAME STEP ARGS` in the background (a GPU step
+#                                           while the wheelhouse is still being staged)
+#   bench/gpu/h200.sh collect NAME          wait for that background step; its NAME.tgz to $OUT
 #   bench/gpu/h200.sh packed NAME STEP ARGS...   any step with its files packed into one
 #                                           $OUT/NAME.tgz (the device returns 8 files a call;
 #                                           a `measure` alone writes more)
@@ -235,6 +241,10 @@ serve)
     export PROMETHEUS_MULTIPROC_DIR="/tmp/prom-$name"
     export GEMMA4_WARMUP_DONE_FILE="/tmp/warmup-$port.done"
     rm -f "/tmp/warmup-$port.expected"
+    if [[ "${FRESH_CACHES:-0}" == 1 ]]; then # compiles alone, shares no cached artifact
+      export VLLM_CACHE_ROOT="/tmp/cache-$name/vllm" TORCHINDUCTOR_CACHE_DIR="/tmp/cache-$name/inductor" \
+        TRITON_CACHE_DIR="/tmp/cache-$name/triton"
+    fi
     if [[ "${GEMMA4_WARMUP:-0}" == 1 ]]; then touch "/tmp/warmup-$port.expected"; fi
     # dynamo names any recompile at serving time in the server log (a stall's other suspect)
     export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
@@ -282,6 +292,25 @@ greedy-history)
   echo "$name, before vs after the warm-up's traffic:"
   python3 bench/greedy_outputs.py --compare "$OUT/$name-greedy-before.json" \
     "$OUT/$name-greedy-after.json" || true
+  ;;
+greedy-servers)
+  # Which servers' greedy outputs agree, and does each one's history matter: greedy-history on
+  # each, then each `before` against the first server's (FRESH_CACHES=1 servers started together:
+  # no shared compile artifacts; their compile lines say what each compiled or loaded).
+  first=""
+  for spec in "$@"; do
+    name="${spec%%:*}" port="${spec##*:}"
+    bash "$REPO/bench/gpu/h200.sh" greedy-history "$name" "$port" || echo "$name: exit $?"
+    grep -E "compil|Directly load|cache" "/tmp/vllm-$name.log" | grep -v "^.*Capturing" |
+      cut -c1-300 >"$OUT/$name-compile.txt" || true
+    if [[ -z "$first" ]]; then
+      first="$name"
+    else
+      echo "$first vs $name, before any media:"
+      python3 "$REPO/bench/greedy_outputs.py" --compare "$OUT/$first-greedy-before.json" \
+        "$OUT/$name-greedy-before.json" || true
+    fi
+  done
   ;;
 measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
@@ -379,6 +408,19 @@ packed)
   bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $?"
   tar -czf "$final/$name.tgz" -C "$OUT" .
   ls -la "$final/$name.tgz"
+  ;;
+bg)
+  name="${1:?name}"
+  mkdir -p /tmp/bg-out
+  OUT=/tmp/bg-out setsid nohup bash "$REPO/bench/gpu/h200.sh" packed "$@" >"/tmp/bg-$name.log" 2>&1 &
+  echo $! >"/tmp/bg-$name.pid"
+  echo "$name in the background (/tmp/bg-$name.log)"
+  ;;
+collect)
+  name="${1:?name}"
+  while kill -0 "$(cat "/tmp/bg-$name.pid")" 2>/dev/null; do sleep 2; done
+  cat "/tmp/bg-$name.log"
+  cp "/tmp/bg-out/$name.tgz" "$OUT/"
   ;;
 config)
   # One server configuration in one device call (~8 min: cold start ~3.7, TTFT gap + sweep ~3,
