@@ -410,9 +410,13 @@ packed)
   ls -la "$final/$name.tgz"
   ;;
 bg)
+  # From a snapshot of the tree: every device call replaces the working tree it runs in, and a
+  # job importing from it then fails (seventeenth sitting: ModuleNotFoundError mid-run).
   name="${1:?name}"
-  mkdir -p /tmp/bg-out
-  OUT=/tmp/bg-out setsid nohup bash "$REPO/bench/gpu/h200.sh" packed "$@" >"/tmp/bg-$name.log" 2>&1 &
+  snap="/tmp/bg-tree-$name"
+  rm -rf "$snap" && mkdir -p "$snap" /tmp/bg-out
+  tar -C "$REPO" --exclude=./.whl --exclude=./.wheelhouse --exclude=./.venv --exclude=./.tools -cf - . | tar -C "$snap" -xf -
+  OUT=/tmp/bg-out setsid nohup bash "$snap/bench/gpu/h200.sh" packed "$@" >"/tmp/bg-$name.log" 2>&1 &
   echo $! >"/tmp/bg-$name.pid"
   echo "$name in the background (/tmp/bg-$name.log)"
   ;;
