@@ -200,6 +200,9 @@ fast-probe)
   cd "$REPO"
   export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
   E="--preset e4b --device cuda --dtype bf16"
+  # the float8 GELU x up + quantize kernel against torch (on a GPU: no interpreter carries)
+  python3 plugin/tests/fp8_kernel_check.py --device cuda >"$OUT/fp8-kernel-check.json" ||
+    echo "fp8 kernel check: exit $?"
   for k in ${KERNELS:-stock merged merged-triton}; do
     export GEMMA4_ENCODER_FAST_KERNELS="$k"
     python3 -m gemma4_batched_encoder.verify $E --mode fast --videos 1,16 --images 4 --noise-floor \
@@ -303,6 +306,12 @@ greedy-servers)
     bash "$REPO/bench/gpu/h200.sh" greedy-history "$name" "$port" || echo "$name: exit $?"
     grep -E "compil|Directly load|cache" "/tmp/vllm-$name.log" | grep -v "^.*Capturing" |
       cut -c1-300 >"$OUT/$name-compile.txt" || true
+    # inductor keeps each kernel's launch-time autotuning result beside it (*.best_config): the
+    # configs two servers chose, to diff when their numerics differ (FRESH_CACHES=1 servers)
+    if [[ -d "/tmp/cache-$name/inductor" ]]; then
+      (cd "/tmp/cache-$name/inductor" && find . -name '*.best_config' -print0 |
+        tar -czf "$OUT/$name-best-configs.tgz" --null -T -) || true
+    fi
     if [[ -z "$first" ]]; then
       first="$name"
     else

@@ -103,9 +103,10 @@ class Settings:
     # compiled plainly (fused.py); "merged" = hand-written layers with q/k/v and gate/up merged
     # into one GEMM each (fast_layers.py); "merged-triton" = those with the norms and rotary after
     # the Q/K/V GEMM as one Triton kernel (qkv_kernel.py); "merged-triton-fp8" = those with the
-    # four GEMMs in float8, row-wise scaled (opt-in, a precision trade: 3.4 / 40.9 ms against
-    # merged-triton's 3.4 / 44.9 in the same H200 run, 1.31x stock bf16's distance from an fp32
-    # tower; bench/results/h200/vllm-0.26.0-16-random/NOTES.md).
+    # four GEMMs in float8, row-wise scaled, and GELU x up + quantize as one Triton kernel
+    # (fp8_quant.py; opt-in, a precision trade: 3.4 / 42.3 ms against merged-triton's 3.4 / 48.2
+    # in the same H200 run, 1.38x stock bf16's distance from an fp32 tower;
+    # bench/results/h200/vllm-0.26.0-17-random/NOTES.md).
     # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
     # the same H200 run, deviation from exact of the same size (bench/results/h200/
     # encoder-fast-kernels/NOTES.md).
