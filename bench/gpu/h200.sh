@@ -36,7 +36,7 @@
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
-#                                           overlap
+#                                           overlap, swscale's yuv->rgb as tensor ops (cpu, cuda)
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -238,6 +238,12 @@ host)
   python3 bench/decode_breakdown.py --out "$OUT/decode-breakdown.json" || echo "breakdown: exit $?"
   python3 bench/media_overlap.py --model "$MODEL_DIR" --out "$OUT/media-overlap.json" ||
     echo "overlap: exit $?"
+  # swscale's conversion reproduced with tensor ops, against this host's OpenCV, on the CPU and
+  # the GPU (the step before a hardware decode can keep stock's pixels; bench/MEDIA.md)
+  for dev in cpu cuda; do
+    python3 bench/yuv_rgb_exact.py --device "$dev" --out "$OUT/yuv-rgb-exact-$dev.json" >/dev/null ||
+      echo "yuv->rgb on $dev: exit $? (differences, or no PyAV in the wheelhouse)"
+  done
   ;;
 serve)
   name="${1:?name}" port="${2:?port}"

@@ -4,7 +4,7 @@
 #   bench/gpu/wheelhouse.sh 0.26.0 .wheelhouse/vllm-0.26.0      # here, with network
 #   bench/gpu/install-wheelhouse.sh .wheelhouse/vllm-0.26.0 /opt/site   # there, without
 #
-# Resolves vllm==VERSION + guidellm + py-spy + this repo's two packages for CPython 3.12 manylinux x86_64
+# Resolves vllm==VERSION + guidellm + py-spy + PyAV + this repo's two packages for CPython 3.12 manylinux x86_64
 # from package metadata only, then downloads every wheel except what the host already has
 # (torch, torchvision, torchaudio, triton, nvidia-*: the host's CUDA build must stay in charge).
 set -euo pipefail
@@ -14,6 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY_VERSION="${PY_VERSION:-3.12}"
 GUIDELLM="${GUIDELLM:-guidellm==0.8.1}"
 PROFILER="${PROFILER:-py-spy==0.4.1}"  # h200.sh profile
+MEDIA_CHECK="${MEDIA_CHECK:-av==18.1.0}"  # h200.sh host: bench/yuv_rgb_exact.py (decoded planes)
 # Left out: the host's torch stack, and its transformers stack: vLLM 0.26's resolution picks
 # transformers 5.24 + huggingface-hub 2.x, which shadow the host's 5.17 and break its import
 # (seen on the H200: "huggingface-hub>=1.5.0,<2.0 is required"). MLA/tilelang kernels are unused
@@ -47,7 +48,7 @@ done
 python3 -m pip install -q --dry-run --ignore-installed --report "$TMP/report.json" \
   --find-links "$TMP/placeholders" \
   --only-binary=:all: --python-version "$PY_VERSION" --implementation cp "${PLATFORMS[@]}" \
-  --target "$TMP/target" "vllm==$VERSION" "$GUIDELLM" "$PROFILER"
+  --target "$TMP/target" "vllm==$VERSION" "$GUIDELLM" "$PROFILER" "$MEDIA_CHECK"
 python3 - "$TMP/report.json" "$EXCLUDE" >"$TMP/pins.txt" <<'PY'
 import json, re, sys
 report, exclude = json.load(open(sys.argv[1])), re.compile(sys.argv[2])
