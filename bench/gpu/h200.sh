@@ -435,7 +435,8 @@ bg)
   name="${1:?name}"
   snap="/tmp/bg-tree-$name"
   rm -rf "$snap" && mkdir -p "$snap" /tmp/bg-out
-  tar -C "$REPO" --exclude=./.whl --exclude=./.wheelhouse --exclude=./.venv --exclude=./.tools -cf - . | tar -C "$snap" -xf -
+  tar -C "$REPO" --exclude=./.whl --exclude=./.wheelhouse --exclude=./.venv --exclude=./.tools \
+    -cf - . | tar -C "$snap" -xf -
   OUT=/tmp/bg-out setsid nohup bash "$snap/bench/gpu/h200.sh" packed "$@" >"/tmp/bg-$name.log" 2>&1 &
   echo $! >"/tmp/bg-$name.pid"
   echo "$name in the background (/tmp/bg-$name.log)"

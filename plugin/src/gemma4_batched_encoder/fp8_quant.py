@@ -6,7 +6,8 @@ input is ``gelu_tanh(gate) * up``, and inductor made GELU x up + amax + quantize
 reduction over E4B's 3,072-wide rows that read the gate/up GEMM's output twice: 7.0 of the 37.4
 GPU ms at 16 videos on the H200 (sixteenth sitting, ``bench/results/h200/vllm-0.26.0-16-random/``),
 half of what the float8 GEMMs saved. ``gelu_mul_quant`` is one program per row holding the row in
-registers: gate and up are read once, the float8 row and its scale written once.
+registers: gate and up are read once, the float8 row and its scale written once (4.82 ms there,
+near the memory bound; seventeenth sitting, ``bench/results/h200/vllm-0.26.0-17-random/``).
 
 Its arithmetic is fp32 without the bf16 roundings of the eager ops in between (GELU-tanh written
 as ``g * sigmoid(2 * inner)``, which is ``0.5 * g * (1 + tanh(inner))``), then ``quantize_rows``'
