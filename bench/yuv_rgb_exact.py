@@ -55,7 +55,7 @@ def yuv420p_to_bgr(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.T
     return torch.stack([b, g, r], dim=-1).clamp(0, 255).to(torch.uint8)
 
 
-def _content(kind: str, h: int, w: int, i: int, rng: np.random.Generator) -> np.ndarray:
+def content(kind: str, h: int, w: int, i: int, rng: np.random.Generator) -> np.ndarray:
     """One BGR frame: noise, smooth gradients, or saturated blocks (the clamps' corners)."""
     if kind == "noise":
         return rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
@@ -69,7 +69,7 @@ def _content(kind: str, h: int, w: int, i: int, rng: np.random.Generator) -> np.
     return colors[((yy // 16) + (xx // 16) + i) % len(colors)].astype(np.uint8)
 
 
-def _encode(codec: str, frames: list[np.ndarray]) -> bytes:
+def encode(codec: str, frames: list[np.ndarray]) -> bytes:
     h, w = frames[0].shape[:2]
     if codec == "mpeg4":  # the SLO clip's: OpenCV's writer (mp4v)
         import cv2
@@ -95,7 +95,7 @@ def _encode(codec: str, frames: list[np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def _stock_frames(data: bytes) -> list[np.ndarray]:
+def stock_frames(data: bytes) -> list[np.ndarray]:
     """What vLLM's loader reads: cv2.VideoCapture's BGR frames."""
     import cv2
 
@@ -111,7 +111,7 @@ def _stock_frames(data: bytes) -> list[np.ndarray]:
             out.append(frame)
 
 
-def _planes(data: bytes) -> list[tuple[np.ndarray, ...]]:
+def planes(data: bytes) -> list[tuple[np.ndarray, ...]]:
     """The decoded yuv420p planes (Y, U, V), without the rows' padding."""
     import av
 
@@ -152,15 +152,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     results = []
     for codec, w, h, kind in CASES:
-        frames = [_content(kind, h, w, i, rng) for i in range(args.frames)]
-        data = _encode(codec, frames)
-        stock, planes = _stock_frames(data), _planes(data)
-        if len(stock) != len(planes):
+        frames = [content(kind, h, w, i, rng) for i in range(args.frames)]
+        data = encode(codec, frames)
+        stock, decoded = stock_frames(data), planes(data)
+        if len(stock) != len(decoded):
             raise SystemExit(
-                f"{codec} {w}x{h}: {len(stock)} frames from OpenCV, {len(planes)} from PyAV"
+                f"{codec} {w}x{h}: {len(stock)} frames from OpenCV, {len(decoded)} from PyAV"
             )
         diffs = []
-        for bgr, (y, u, v) in zip(stock, planes, strict=True):
+        for bgr, (y, u, v) in zip(stock, decoded, strict=True):
             got = yuv420p_to_bgr(*(torch.from_numpy(p.copy()).to(device) for p in (y, u, v)))
             diffs.append((got.cpu().to(torch.int32) - torch.from_numpy(bgr).to(torch.int32)).abs())
         d = torch.stack(diffs)

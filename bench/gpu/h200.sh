@@ -36,7 +36,9 @@
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
-#                                           overlap, swscale's yuv->rgb as tensor ops (cpu, cuda)
+#                                           overlap, swscale's yuv->rgb as tensor ops (cpu, cuda),
+#                                           NVDEC's planes and frames against FFmpeg's (0.26);
+#                                           9 files: run it through `packed`
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -244,6 +246,8 @@ host)
     python3 bench/yuv_rgb_exact.py --device "$dev" --out "$OUT/yuv-rgb-exact-$dev.json" >/dev/null ||
       echo "yuv->rgb on $dev: exit $? (differences, or no PyAV in the wheelhouse)"
   done
+  # NVDEC's planes and frames against FFmpeg's and OpenCV's (PyNvVideoCodec: vLLM 0.26's wheelhouse)
+  python3 bench/nvdec_exact.py --out "$OUT/nvdec-exact.json" >/dev/null || echo "nvdec: exit $?"
   ;;
 serve)
   name="${1:?name}" port="${2:?port}"

@@ -1,0 +1,135 @@
+"""Can NVDEC hand the encoder stock's pixels? Issue 8's decode off the CPU, checked before any
+loader is built. GPU host only (PyNvVideoCodec, which vLLM 0.26 ships; `h200.sh host` runs it).
+
+    python bench/nvdec_exact.py [--out results.json]
+
+For each clip (the SLO clip's MPEG-4 Part 2 and H.264, several contents), against what vLLM's
+loader reads (`cv2.VideoCapture`'s frames) and FFmpeg's decoded planes (PyAV):
+- `planes`: NVDEC's NV12 output (OutputColorType.NATIVE, host memory) against FFmpeg's yuv420p;
+- `converted`: those planes through bench/yuv_rgb_exact.py's swscale recipe on the GPU, against
+  OpenCV's frames (what a plugin loader would hand on);
+- `vllm_rgb`: NVDEC's own RGB conversion (OutputColorType.RGB, what vLLM 0.26's
+  `pynvvideocodec` backend uses), against OpenCV's frames;
+and the time a clip takes: OpenCV's decode (wall = CPU), NVDEC's decode to device memory (wall
+and this process's CPU), the conversion on the GPU. Prints one JSON object; exits 1 when
+PyNvVideoCodec or CUDA is missing (the check has not run), 0 otherwise: differences are
+results here, not failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from yuv_rgb_exact import content, encode, planes, stock_frames, yuv420p_to_bgr
+
+CLIPS = [  # (codec, width, height, content); 854x480 and 6 frames: the SLO clip's
+    ("mpeg4", 854, 480, "noise"),
+    ("mpeg4", 854, 480, "gradient"),
+    ("h264", 854, 480, "noise"),
+    ("h264", 854, 480, "gradient"),
+    ("h264", 1280, 720, "blocks"),
+]
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> dict:
+    if a.shape != b.shape:
+        return {"shape": [list(a.shape), list(b.shape)]}
+    d = np.abs(a.astype(np.int32) - b.astype(np.int32))
+    return {"max_abs_diff": int(d.max()), "differing_share": float((d > 0).mean())}
+
+
+def _host_nv12(frame, width: int, height: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y, U, V of a host-memory NV12 frame (Y rows, then interleaved U/V rows at half height)."""
+    size = frame.framesize()
+    buf = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(frame.GetPtrToPlane(0)))
+    buf = buf.copy()
+    if size != width * height * 3 // 2:
+        raise ValueError(f"NV12 frame of {size} bytes for {width}x{height}: pitched or not NV12")
+    y = buf[: width * height].reshape(height, width)
+    uv = buf[width * height :].reshape(height // 2, width)
+    return y, uv[:, 0::2], uv[:, 1::2]
+
+
+def _check_clip(nvc, codec: str, width: int, height: int, kind: str, frames: int) -> dict:
+    rng = np.random.default_rng(0)
+    data = encode(codec, [content(kind, height, width, i, rng) for i in range(frames)])
+    t0 = time.perf_counter()
+    stock = stock_frames(data)  # BGR
+    cv2_ms = (time.perf_counter() - t0) * 1e3
+    ffmpeg_planes = planes(data)
+    result: dict = {"codec": codec, "size": f"{width}x{height}", "content": kind}
+    result["frames"] = len(stock)
+    result["opencv_decode_ms"] = round(cv2_ms, 2)
+    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:  # SimpleDecoder takes a path
+        f.write(data)
+        f.flush()
+        index = list(range(len(stock)))
+        native = nvc.SimpleDecoder(
+            f.name, use_device_memory=False, output_color_type=nvc.OutputColorType.NATIVE
+        )
+        nv12 = [_host_nv12(fr, width, height) for fr in native.get_batch_frames_by_index(index)]
+        result["planes"] = [
+            {name: _diff(a, b) for name, a, b in zip("YUV", mine, ref, strict=True)}
+            for mine, ref in zip(nv12, ffmpeg_planes, strict=True)
+        ]
+        converted = []
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for y, u, v in nv12:
+            gpu = [torch.from_numpy(np.ascontiguousarray(p)).cuda() for p in (y, u, v)]
+            converted.append(yuv420p_to_bgr(*gpu))
+        torch.cuda.synchronize()
+        result["convert_gpu_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        result["converted"] = [
+            _diff(c.cpu().numpy(), s) for c, s in zip(converted, stock, strict=True)
+        ]
+        rgb = nvc.SimpleDecoder(
+            f.name, use_device_memory=True, output_color_type=nvc.OutputColorType.RGB
+        )
+        torch.cuda.synchronize()
+        w0, c0 = time.perf_counter(), time.process_time()
+        decoded = [torch.from_dlpack(fr) for fr in rgb.get_batch_frames_by_index(index)]
+        torch.cuda.synchronize()
+        result["nvdec_decode_ms"] = round((time.perf_counter() - w0) * 1e3, 2)
+        result["nvdec_decode_cpu_ms"] = round((time.process_time() - c0) * 1e3, 2)
+        result["vllm_rgb"] = [
+            _diff(d.cpu().numpy()[..., ::-1], s) for d, s in zip(decoded, stock, strict=True)
+        ]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=6)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    try:
+        import PyNvVideoCodec as nvc
+    except ImportError as e:
+        raise SystemExit(f"nvdec_exact: PyNvVideoCodec is not installed ({e}); not run") from e
+    if not torch.cuda.is_available():
+        raise SystemExit("nvdec_exact: no CUDA device; not run")
+    report = {"pynvvideocodec": getattr(nvc, "__version__", "?"), "clips": []}
+    for codec, width, height, kind in CLIPS:
+        try:
+            report["clips"].append(_check_clip(nvc, codec, width, height, kind, args.frames))
+        except Exception as e:  # one clip's failure (e.g. a codec NVDEC refuses) is a result
+            report["clips"].append({"codec": codec, "size": f"{width}x{height}", "error": repr(e)})
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
