@@ -28,11 +28,13 @@ import argparse
 import io
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from gemma4_batched_encoder.media.decode import find_mixin
+from gemma4_batched_encoder.noise_media import mp4_from_frames, noise
 
 Y_COEFF, VR, UB, UG, VG = 9539, 13075, 16525, -3209, -6660
 
@@ -55,34 +57,24 @@ def yuv420p_to_bgr(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.T
     return torch.stack([b, g, r], dim=-1).clamp(0, 255).to(torch.uint8)
 
 
-def content(kind: str, h: int, w: int, i: int, rng: np.random.Generator) -> np.ndarray:
-    """One BGR frame: noise, smooth gradients, or saturated blocks (the clamps' corners)."""
+def content(kind: str, h: int, w: int, i: int) -> np.ndarray:
+    """Frame i, BGR: noise, smooth gradients, or saturated blocks (the clamps' corners)."""
     if kind == "noise":
-        return rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        return noise(h, w, seed=i)
     yy, xx = np.mgrid[0:h, 0:w]
     if kind == "gradient":
-        f = np.stack(
-            [xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), (xx + yy + 9 * i) % 256]
-        )
-        return f.transpose(1, 2, 0).astype(np.uint8)
+        ramps = [xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), (xx + yy + 9 * i) % 256]
+        return np.stack(ramps, axis=-1).astype(np.uint8)
     colors = np.array([[0, 0, 0], [255, 255, 255], [0, 0, 255], [0, 255, 0], [255, 0, 0]])
     return colors[((yy // 16) + (xx // 16) + i) % len(colors)].astype(np.uint8)
 
 
 def encode(codec: str, frames: list[np.ndarray]) -> bytes:
-    h, w = frames[0].shape[:2]
-    if codec == "mpeg4":  # the SLO clip's: OpenCV's writer (mp4v)
-        import cv2
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "v.mp4"
-            writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 2, (w, h))
-            for f in frames:
-                writer.write(f)
-            writer.release()
-            return path.read_bytes()
+    if codec == "mpeg4":  # the SLO clip's codec, through OpenCV's writer as the load test's
+        return mp4_from_frames(frames)
     import av  # H.264 through PyAV's libx264 (pip's OpenCV has no H.264 encoder)
 
+    h, w = frames[0].shape[:2]
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as out:
         stream = out.add_stream("libx264", rate=2)
@@ -96,19 +88,18 @@ def encode(codec: str, frames: list[np.ndarray]) -> bytes:
 
 
 def stock_frames(data: bytes) -> list[np.ndarray]:
-    """What vLLM's loader reads: cv2.VideoCapture's BGR frames."""
-    import cv2
-
-    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
-        f.write(data)
-        f.flush()
-        cap = cv2.VideoCapture(f.name, cv2.CAP_FFMPEG)
-        out = []
-        while True:
-            ok, frame = cap.read()
-            if not ok:
-                return out
-            out.append(frame)
+    """What vLLM's loader reads: every frame of vLLM's own OpenCV open (BGR, before its swap to
+    RGB), found as the plugin finds it in any vLLM version."""
+    mixin = find_mixin()
+    if mixin is None:
+        raise SystemExit("yuv_rgb_exact: this vLLM has no OpenCVVideoBackendMixin")
+    cap = mixin.open_video_capture(data)
+    out = []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            return out
+        out.append(frame)
 
 
 def planes(data: bytes) -> list[tuple[np.ndarray, ...]]:
@@ -149,10 +140,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
-    rng = np.random.default_rng(0)
     results = []
     for codec, w, h, kind in CASES:
-        frames = [content(kind, h, w, i, rng) for i in range(args.frames)]
+        frames = [content(kind, h, w, i) for i in range(args.frames)]
         data = encode(codec, frames)
         stock, decoded = stock_frames(data), planes(data)
         if len(stock) != len(decoded):

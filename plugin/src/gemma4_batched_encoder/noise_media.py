@@ -31,16 +31,23 @@ def mp4_bytes(
     """An mp4 of `frames` noise frames: MPEG-4 Part 2 (`mp4v`, which vLLM's OpenCV loader
     decodes) or another codec OpenCV's writer has here (`VP90`; pip's OpenCV has no H.264
     encoder)."""
+    pictures = [noise(height, width, seed * 1000 + i) for i in range(frames)]
+    return mp4_from_frames(pictures, fps=fps, fourcc=fourcc)
+
+
+def mp4_from_frames(frames: list[np.ndarray], fps: float = 2, fourcc: str = "mp4v") -> bytes:
+    """An mp4 of these uint8 [height, width, 3] BGR frames, written by OpenCV."""
     import cv2
 
+    height, width = frames[0].shape[:2]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "v.mp4"
         writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (width, height))
         if not writer.isOpened():
             raise RuntimeError(f"OpenCV cannot write a {fourcc} mp4 of {width}x{height} here")
         try:
-            for i in range(frames):
-                writer.write(noise(height, width, seed * 1000 + i))
+            for frame in frames:
+                writer.write(frame)
         finally:
             writer.release()
         return path.read_bytes()
