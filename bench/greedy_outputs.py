@@ -98,8 +98,8 @@ def _max_logprob_diff(x: dict, y: dict) -> float | None:
         return None
     diff = 0.0
     for sx, sy in zip(x.get("top_logprobs") or [], y.get("top_logprobs") or [], strict=True):
-        other = dict((tok, lp) for tok, lp in sy)
-        diff = max([diff] + [abs(lp - other[tok]) for tok, lp in sx if tok in other])
+        other = dict(map(tuple, sy))
+        diff = max([diff, *(abs(lp - other[tok]) for tok, lp in sx if tok in other)])
     return diff
 
 

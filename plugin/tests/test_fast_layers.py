@@ -3,7 +3,6 @@ where the tower is not the structure they assume."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import g4helpers as H
@@ -161,8 +160,9 @@ print(json.dumps(out))
 """
 
 
-def _in_own_process(script: str, **env: str) -> dict:
-    """Run ``script`` in a fresh Python with this folder importable; its last line, as JSON."""
+def _in_own_process(argv: list[str], **env: str) -> dict:
+    """``python *argv`` (``-c CODE`` or a script) in a fresh Python with this folder importable;
+    its last line, as JSON."""
     import json
     import os
     import subprocess
@@ -172,7 +172,11 @@ def _in_own_process(script: str, **env: str) -> dict:
     env = {**os.environ, **env}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -181,7 +185,7 @@ def _in_own_process(script: str, **env: str) -> dict:
 def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
     # The kernel itself, run by triton's CPU interpreter (read when triton.jit decorates: a
     # fresh process): against the layer's ops, alone and inside the merged layers.
-    result = _in_own_process(_KERNEL_CHECK, TRITON_INTERPRET="1")
+    result = _in_own_process(["-c", _KERNEL_CHECK], TRITON_INTERPRET="1")
     assert result["usable"]
     assert max(result["kernel"]["fp32"]) < 1e-6
     assert max(result["kernel"]["bf16"]) < 2e-2  # one rounding where bf16 eager has several
@@ -191,16 +195,9 @@ def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
 def test_the_triton_fp8_kernel_quantizes_gelu_times_up_per_row():
     # The kernel itself in triton's CPU interpreter, against the same math in torch and an fp64
     # GELU x up; then inside the float8 layers (fp8_kernel_check.py; on a GPU: --device cuda).
-    import subprocess
-    import sys
     from pathlib import Path
 
-    script = Path(__file__).with_name("fp8_kernel_check.py")
-    proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _in_own_process([str(Path(__file__).with_name("fp8_kernel_check.py"))])
     assert result["usable"]
     assert set(result["kernel"]) == {"fp32-96", "bf16-96"}
     for k in result["kernel"].values():
@@ -256,7 +253,7 @@ def test_merged_layers_take_the_linears_vllm_puts_in_the_tower():
     # vLLM 0.32 replaces the tower's nn.Linear with its ReplicatedLinear; before, fast mode fell
     # back to the compiled stock layers in the served model. Own process: it sets up vLLM's
     # (single-rank) model-parallel state, which the other tests must not see.
-    result = _in_own_process(_VLLM_LINEARS)
+    result = _in_own_process(["-c", _VLLM_LINEARS])
     assert result["linear"] == "ReplicatedLinear"
     assert result["layers"] == "MergedLayers"
     assert result["diff"] < 1e-5

@@ -121,7 +121,7 @@ def _layer(
     x = x + _rms(attn, w["post_attn_norm"], eps)
     h = _rms(x, w["pre_ffw_norm"], eps)
     gate_up = _linear(h, w, "gate_up")
-    if triton_qkv and w.get("down_scale") is not None:
+    if w.get("down_scale") is not None:
         # float8: GELU x up, the row's amax and the quantization in one kernel
         xq, x_scale = gelu_mul_quant(gate_up.reshape(b * n, -1))
         down, down_scale = w["down"], w["down_scale"]
