@@ -2,6 +2,7 @@
 
     python bench/greedy_outputs.py --target http://127.0.0.1:8001 --model M --out stock.json
     python bench/greedy_outputs.py --compare stock.json plugin.json
+    python bench/greedy_outputs.py --classes a.json b.json c.json ...   # identical groups
 
 The inputs depend only on --seed, so two servers (stock vLLM, vLLM + plugin) answer the same
 requests; requests are sent one at a time so the batch composition is the same on both. With
@@ -130,6 +131,29 @@ def compare(a_path: Path, b_path: Path) -> int:
     return 1 if diffs else 0
 
 
+def _same(a: dict, b: dict) -> bool:
+    """Every greedy token and every top-5 logprob equal."""
+    return [(x["tokens"], x.get("top_logprobs")) for x in a["outputs"]] == [
+        (y["tokens"], y.get("top_logprobs")) for y in b["outputs"]
+    ]
+
+
+def classes(paths: list[Path]) -> int:
+    """Group runs (e.g. one file a server process) into classes of bit-identical outputs, in
+    first-seen order; prints them as JSON; exit 1 when there is more than one class."""
+    groups: list[tuple[dict, list[str]]] = []
+    for path in paths:
+        run = json.loads(path.read_text())
+        for first, members in groups:
+            if _same(first, run):
+                members.append(str(path))
+                break
+        else:
+            groups.append((run, [str(path)]))
+    print(json.dumps({"runs": len(paths), "classes": [members for _, members in groups]}))
+    return 1 if len(groups) > 1 else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target")
@@ -137,11 +161,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"))
+    parser.add_argument(
+        "--classes", nargs="+", type=Path, metavar="RUN", help="group runs into identical classes"
+    )
     args = parser.parse_args()
     if args.compare:
         sys.exit(compare(*args.compare))
+    if args.classes:
+        sys.exit(classes(args.classes))
     if not args.target:
-        parser.error("--target is required unless --compare is given")
+        parser.error("--target is required unless --compare or --classes is given")
     result = {
         "target": args.target,
         "seed": args.seed,

@@ -56,3 +56,32 @@ def test_logprob_and_token_differences_are_reported(tmp_path: Path) -> None:
     assert result["differing"] == [[0, "text"], [1, "video"]]
     assert not result["tokens_equal"]
     assert result["max_logprob_diff"] == {"0:text": 0.75, "1:video": None}
+
+
+def _classes(tmp_path: Path, runs: dict[str, list[dict]]) -> tuple[int, dict]:
+    for name, outputs in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"outputs": outputs}))
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--classes", *(str(tmp_path / f"{n}.json") for n in runs)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_classes_group_identical_runs_in_first_seen_order(tmp_path: Path) -> None:
+    x = [_out(0, "text", ["x"], [[["x", -0.1], ["z", -2.0]]])]
+    y = [_out(0, "text", ["x"], [[["x", -0.1], ["z", -2.5]]])]  # one logprob apart
+    rc, result = _classes(tmp_path, {"s1": x, "p1": y, "s2": x, "p2": y, "p3": x})
+    assert rc == 1
+    names = [[Path(p).stem for p in members] for members in result["classes"]]
+    assert names == [["s1", "s2", "p3"], ["p1", "p2"]]
+    assert result["runs"] == 5
+
+
+def test_one_class_exits_zero(tmp_path: Path) -> None:
+    x = [_out(0, "text", ["x"], [[["x", -0.1]]])]
+    rc, result = _classes(tmp_path, {"a": x, "b": x})
+    assert rc == 0
+    assert len(result["classes"]) == 1

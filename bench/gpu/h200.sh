@@ -321,6 +321,7 @@ greedy-servers)
   # each, then each `before` against the first server's (FRESH_CACHES=1 servers started together:
   # no shared compile artifacts; their compile lines say what each compiled or loaded).
   first=""
+  caches=()
   for spec in "$@"; do
     name="${spec%%:*}" port="${spec##*:}"
     if [[ "${HISTORY:-1}" == 1 ]]; then
@@ -330,12 +331,16 @@ greedy-servers)
     fi
     grep -E "compil|Directly load|cache" "/tmp/vllm-$name.log" | grep -v "^.*Capturing" |
       cut -c1-300 >"$OUT/$name-compile.txt" || true
-    # inductor keeps each kernel's launch-time autotuning result beside it (*.best_config): the
-    # configs two servers chose, to diff when their numerics differ (FRESH_CACHES=1 servers)
-    if [[ -d "/tmp/cache-$name/inductor" ]]; then
-      (cd "/tmp/cache-$name/inductor" && find . -name '*.best_config' -print0 |
-        tar -czf "$OUT/$name-best-configs.tgz" --null -T -) || true
+    # Did the numerics switches reach the engine core, where the model compiles and runs? (The
+    # eighteenth sitting's TORCHINDUCTOR_DETERMINISTIC=1 servers compiled kernels that say
+    # `deterministic: False`.)
+    pgid="$(cut -d' ' -f1 "/tmp/port-$port")"
+    engine="$(ps -e -o pid=,pgid=,args= | awk -v g="$pgid" '$2 == g && $3 ~ /^VLLM::EngineCore/ {print $1; exit}')"
+    if [[ -n "$engine" ]]; then
+      tr '\0' '\n' <"/proc/$engine/environ" | grep -E "^(TORCHINDUCTOR_|VLLM_BATCH_INVARIANT|CUBLAS)" |
+        sed "s/^/$name engine core: /" || echo "$name engine core: none of the numerics switches"
     fi
+    if [[ -d "/tmp/cache-$name" ]]; then caches+=("$name=/tmp/cache-$name"); fi
     if [[ -z "$first" ]]; then
       first="$name"
     else
@@ -344,6 +349,11 @@ greedy-servers)
         "$OUT/$name-greedy-before.json" || true
     fi
   done
+  # the launch-time autotuning choices of FRESH_CACHES=1 servers, pair by pair
+  if ((${#caches[@]} > 1)); then
+    python3 "$REPO/bench/inductor_configs.py" "${caches[@]}" --out "$OUT/inductor-configs.json" |
+      grep -v "^    " || true
+  fi
   ;;
 measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
