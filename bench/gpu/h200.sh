@@ -19,6 +19,8 @@
 #                                           (GEMMA4_WARMUP=1: the entrypoint's warm-up, as the chart;
 #                                           `wait` then waits for it too; FRESH_CACHES=1: its own
 #                                           vLLM, inductor and Triton caches, as a new pod's)
+#   bench/gpu/h200.sh restart NAME PORT [AS NEW NEWPORT]   stop NAME and start it again with the
+#                                           same settings on its own caches (or NEW on a copy)
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #                                           (servers sharing the GPU: start the next only after
 #                                           the last has sized its KV cache; one profiling while
@@ -277,7 +279,27 @@ serve)
     setsid nohup "$REPO/images/entrypoint.sh" >"/tmp/vllm-$name.log" 2>&1 &
     echo "$! /tmp/vllm-$name.log" >"/tmp/port-$port"
   )
+  printf '%s\n' "$@" >"/tmp/serve-args-$name" # for `restart`
   echo "started $name on :$port"
+  ;;
+restart)
+  # Stop NAME's server and start it again with the same settings. With FRESH_CACHES=1 it then
+  # loads its own compiled artifacts (vLLM's cache holds inductor's, autotuning results
+  # included), as a restarted pod does from the chart's model volume. `restart NAME PORT AS
+  # NEW NEWPORT` starts NEW on a copy of NAME's caches instead, as a second replica sharing them
+  # would. Then: does the greedy-output class travel with the caches?
+  name="${1:?name}" port="${2:?port}" new="${4:-$1}" newport="${5:-$2}"
+  mapfile -t args <"/tmp/serve-args-$name"
+  kill -- -"$(cut -d' ' -f1 "/tmp/port-$port")" 2>/dev/null || true
+  for _ in $(seq 60); do
+    curl -s "http://127.0.0.1:$port/health" >/dev/null 2>&1 || break
+    sleep 1
+  done
+  sleep 5 # the GPU memory of the stopped server
+  if [[ "$new" != "$name" ]]; then
+    rm -rf "/tmp/cache-$new" && cp -a "/tmp/cache-$name" "/tmp/cache-$new"
+  fi
+  bash "$REPO/bench/gpu/h200.sh" serve "$new" "$newport" "${args[@]}"
   ;;
 wait)
   for port in "$@"; do
