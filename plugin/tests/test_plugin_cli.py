@@ -76,3 +76,23 @@ def test_bench_writes_json(tmp_path):
     assert result["methods"] == ["serial", "upstream", "exact", "fast"]  # no graphs on CPU
     assert row["exact"]["bit_identical"] and row["upstream"]["bit_identical"]
     assert row["serial"]["median_ms"] > 0
+    # video-only: the frames' token counts come from the host, as vLLM serves them
+    assert row["token_counts"] == "host"
+
+
+def test_bench_counts_tokens_on_the_device_for_images_or_when_asked(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = cli(
+        "bench", "--videos", "0,1", "--frames", "2", "--images", "1", "--repeats", "1",
+        "--warmup", "0", "--methods", "serial,exact", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["token_counts"] for r in rows] == ["device", "device"]  # images in every row
+    assert all(r["exact"]["bit_identical"] for r in rows)
+    proc = cli(
+        "bench", "--videos", "1", "--frames", "2", "--repeats", "1", "--warmup", "0",
+        "--methods", "exact", "--token-counts", "device", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["rows"][0]["token_counts"] == "device"

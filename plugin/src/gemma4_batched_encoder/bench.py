@@ -8,7 +8,8 @@ Methods (same tower, same inputs per batch size):
   exact-fused   exact-graphs with the inductor-fused encoder layers (GEMMA4_ENCODER_FUSED=on)
   fast          plugin fast mode (CUDA graphs on CUDA; layers compiled per GEMMA4_ENCODER_FUSED)
 Prints median milliseconds and ratios; ``--out`` writes everything as JSON. Each method's first
-output is also checked bit for bit against ``serial``.
+output is also checked bit for bit against ``serial``. Video-only rows give the plugin methods
+each frame's soft-token count from the host, as vLLM does when serving (``--token-counts``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from . import __version__
 from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
 from .encoder import BatchedVisionEncoder
+from .inputs import count_valid_patches
 from .reference import serial_per_item, upstream_batched
 from .settings import Settings
 
@@ -87,10 +89,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "serial": partial(serial_per_item, vt, pvs, pps),
             "upstream": partial(upstream_batched, vt, pvs, pps),
         }
+        # As served: vLLM hands the plugin each video frame's soft-token count from the host, and
+        # none for images, whose valid patches are then counted on the device (a host transfer).
+        hints = None
+        if comp.images == 0 and args.token_counts == "host":
+            k2 = vt.config.pooling_kernel_size**2
+            hints = [c // k2 for c in count_valid_patches(pps)]  # untimed, once
         for name, enc in encoders.items():
-            fns[name] = partial(enc.encode, pvs, pps)
+            fns[name] = partial(enc.encode, pvs, pps, hints)
         reference = serial_per_item(vt, pvs, pps)
-        row: dict[str, Any] = {"videos": videos, "frames": comp.frames, "images": comp.images}
+        row: dict[str, Any] = {
+            "videos": videos,
+            "frames": comp.frames,
+            "images": comp.images,
+            "token_counts": "host" if hints is not None else "device",
+        }
         for m in methods:
             out, times = _timed(fns[m], args.device, args.warmup, args.repeats)
             row[m] = {
@@ -162,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument(
+        "--token-counts",
+        choices=("host", "device"),
+        default="host",
+        help="plugin methods' valid-token counts for video-only rows: from the host, as vLLM "
+        "passes them for video frames (default), or counted on the device (a host transfer "
+        "inside the timed call, as for images and in the bench before 2026-12-03)",
+    )
     args = p.parse_args(argv)
     return 2 if run_and_write(args, run, table) is None else 0
 
