@@ -7,7 +7,8 @@
 #   bench/gpu/h200.sh prebuild              build the model in the background (torch + transformers
 #                                           only: runs while the wheelhouse is still being staged)
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
-#                                           (and the model, unless prebuild is building it: waits)
+#                                           (and the model, unless prebuild is building it: waits;
+#                                           INSTALL_MODEL=0: wheels only, the next install the model)
 #   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
 #   bench/gpu/h200.sh graph-ranges          GEMMA4_ENGINE_GRAPH_RANGES' buffer in vLLM's compiled Triton
 #                                           attention, bitwise against vLLM's range tensor, and
@@ -127,11 +128,20 @@ prebuild)
   echo "building $MODEL_DIR in the background (/tmp/model-build.log)"
   ;;
 install)
+  # INSTALL_MODEL=0: the wheels only (CPU work, e.g. while a background GPU probe runs); a later
+  # `install` then only builds the model.
   t0=$(date +%s)
-  mkdir -p /tmp/wh
-  cat /tmp/parts/part-* | tar -x -C /tmp/wh
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
+  if [[ ! -e /tmp/site-installed ]]; then
+    mkdir -p /tmp/wh
+    cat /tmp/parts/part-* | tar -x -C /tmp/wh
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
+    touch /tmp/site-installed
+  fi
+  if [[ "${INSTALL_MODEL:-1}" == 0 ]]; then
+    echo "wheels installed in $(($(date +%s) - t0)) s; the model is built by the next install"
+    exit 0
+  fi
   if [[ -e /tmp/model-build.pid ]]; then
     while kill -0 "$(cat /tmp/model-build.pid)" 2>/dev/null; do sleep 2; done
   fi
