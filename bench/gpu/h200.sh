@@ -34,8 +34,9 @@
 #                                           once), then every server's `before` against the
 #                                           first's, its compile log lines and autotuning results
 #   bench/gpu/h200.sh fast-probe            fast mode's kernels side by side (KERNELS="stock merged
-#                                           merged-triton"): verify, bench, kernel profiles at 16
-#                                           and 1 videos (5 files a kernel choice: run it through
+#                                           merged-triton"): verify, bench (host and device token
+#                                           counts), kernel profiles at 16 and 1 videos (7 files a
+#                                           kernel choice: run it through
 #                                           `packed` or `bg`)
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
@@ -230,6 +231,12 @@ fast-probe)
       --methods exact-fused,fast --out "$OUT/fast-$k-bench.json" >"$OUT/fast-$k-bench.txt" \
       2>>"/tmp/fast-$k.log" || echo "bench $k: exit $?"
     grep -E "^ *(1|16) " "$OUT/fast-$k-bench.txt" || tail -n 8 "$OUT/fast-$k-bench.txt"
+    # the same call with the token counts read back from the device inside it, as the bench
+    # timed before the eighteenth sitting (vLLM passes video frames' counts from the host)
+    python3 -m gemma4_batched_encoder.bench $E --videos 1,16 --warmup 3 --repeats 10 \
+      --methods fast --token-counts device --out "$OUT/fast-$k-bench-device-counts.json" \
+      >"$OUT/fast-$k-bench-device-counts.txt" 2>>"/tmp/fast-$k.log" || echo "bench $k (device counts): exit $?"
+    grep -E "^ *(1|16) " "$OUT/fast-$k-bench-device-counts.txt" | sed 's/^/device counts: /' || true
     for n in 16 1; do # 1 video: the launches that bound it (3.4 ms against the 3 ms target)
       python3 bench/encoder_kernel_profile.py --mode fast --videos "$n" \
         --out "$OUT/fast-$k-profile$([[ $n == 1 ]] && echo -1v).json" 2>>"/tmp/fast-$k.log" ||
