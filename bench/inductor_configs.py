@@ -9,7 +9,8 @@ launch-time benchmarking chose for each kernel beside the kernel (`*.best_config
 of the kernel, so the same kernel has the same name on every server); the config's
 `triton_cache_hash` names the Triton cache folder whose metadata holds the kernel's name.
 
-Prints, for every pair of servers, the kernels whose chosen configs differ, split by kind:
+Prints, for every pair of servers, how many of inductor's generated modules are the same (the
+servers' own paths taken out), and the kernels whose chosen configs differ, split by kind:
 reductions (`triton_red_*`: R0_BLOCK and num_warps change the summation order) and persistent
 reductions (`triton_per_*`: num_warps does), which can change numerics, and pointwise kernels
 (`triton_poi_*`), which cannot. Writes every server's kernel -> config table with --out.
@@ -18,8 +19,10 @@ reductions (`triton_per_*`: num_warps does), which can change numerics, and poin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -60,6 +63,21 @@ def server_configs(root: Path) -> dict[str, dict]:
     return out
 
 
+def generated_code(root: Path) -> set[str]:
+    """Hashes of inductor's generated modules, with the server's own paths taken out (each
+    module names its cache folder, so the files' names differ between servers even when the
+    code is the same)."""
+    out = set()
+    for path in root.rglob("*.py"):
+        if "inductor_cache" not in path.parts:
+            continue
+        text = path.read_text(errors="replace").replace(str(root), "ROOT")
+        text = re.sub(r"# kernel path: .*", "", text)
+        text = re.sub(r"inductor_cache/\w{2}/c\w{51}", "KERNEL", text)
+        out.add(hashlib.sha256(text.encode()).hexdigest())
+    return out
+
+
 def compare(servers: dict[str, dict[str, dict]]) -> list[dict]:
     """For each pair: the shared kernels whose configs differ, numerics-relevant ones first."""
     pairs = []
@@ -93,20 +111,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("servers", nargs="+", metavar="NAME=DIR", help="a server's cache root")
     ap.add_argument("--out", type=Path, help="write the tables and the comparison as JSON")
     args = ap.parse_args(argv)
-    servers = {}
+    servers, code = {}, {}
     for spec in args.servers:
         name, sep, root = spec.partition("=")
         if not sep or not Path(root).is_dir():
             ap.error(f"{spec!r}: expected NAME=DIR with an existing directory")
         servers[name] = server_configs(Path(root))
+        code[name] = generated_code(Path(root).resolve())
     pairs = compare(servers)
     for name, table in servers.items():
-        print(f"{name}: {len(table)} autotuned kernels")
+        print(f"{name}: {len(table)} autotuned kernels, {len(code[name])} generated modules")
     for p in pairs:
         a, b = p["pair"]
+        # same generated code: then only the autotuned configs below can differ at compile time
+        p["generated_code"] = {
+            "same": len(code[a] & code[b]),
+            f"only {a}": len(code[a] - code[b]),
+            f"only {b}": len(code[b] - code[a]),
+        }
         print(
             f"{a} vs {b}: {p['shared_kernels']} shared, {p['differing']} differ, "
-            f"{len(p['differing_reductions'])} of them reductions"
+            f"{len(p['differing_reductions'])} of them reductions; generated modules "
+            + ", ".join(f"{k} {v}" for k, v in p["generated_code"].items())
         )
         for d in p["differing_reductions"]:
             print(f"    {d['kernel']} ({d['kind']}): {d[a]} vs {d[b]}")

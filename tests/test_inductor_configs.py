@@ -88,3 +88,24 @@ def test_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
     rc, text = _run(f"a={tmp_path / 'nope'}")
     assert rc == 2
     assert "expected NAME=DIR" in text
+
+
+def _module(root: Path, name: str, body: str) -> None:
+    where = root / AOT / name[1:3]
+    where.mkdir(parents=True, exist_ok=True)
+    # each generated module names its own cache folder, as inductor writes them
+    (where / f"{name}.py").write_text(f"# kernel path: {where}/{name}.py\n{body}\n")
+
+
+def test_generated_modules_compare_without_the_servers_own_paths(tmp_path: Path) -> None:
+    a = _server(tmp_path / "a", {"aa11": RMS})
+    b = _server(tmp_path / "b", {"aa11": RMS})
+    _module(a, "cabc" + "a" * 48, "def call(): return rms_norm(x)")
+    _module(b, "cxyz" + "b" * 48, "def call(): return rms_norm(x)")  # same code, other path
+    _module(b, "cqqq" + "c" * 48, "def call(): return gelu(x)")  # only on b
+    out = tmp_path / "configs.json"
+    rc, text = _run(f"a={a}", f"b={b}", "--out", str(out))
+    assert rc == 0, text
+    (pair,) = json.loads(out.read_text())["pairs"]
+    assert pair["generated_code"] == {"same": 1, "only a": 0, "only b": 1}
+    assert "generated modules same 1, only a 0, only b 1" in text
