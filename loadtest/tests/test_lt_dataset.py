@@ -63,6 +63,30 @@ def test_default_video_is_six_frames_480p(tmp_path: Path) -> None:
     assert video_frame_count(Path(row["video"])) == 6
 
 
+def _codec(path: str) -> str:
+    import av
+
+    with av.open(path) as f:
+        return f.streams.video[0].codec_context.name
+
+
+def test_h264_videos_are_real_h264_mp4s_opencv_reads(tmp_path: Path) -> None:
+    shape = WorkloadShape(**{**SMALL.__dict__, "video_codec": "h264", "video_frames": 6})
+    w = DatasetWriter(tmp_path, shape, seed=3)
+    rows = _rows(w.write("video", 2, 1, "r2").path)
+    assert all("-h264-" in Path(r["video"]).name for r in rows)  # never an mpeg4 file's name
+    assert {_codec(r["video"]) for r in rows} == {"h264"}
+    assert len({_digest(r["video"]) for r in rows}) == len(rows)
+    # every frame comes back (the encoder's delayed frames are flushed), at the asked-for size
+    assert video_frame_count(Path(rows[0]["video"])) == 6
+    cap = cv2.VideoCapture(rows[0]["video"])
+    ok, frame = cap.read()
+    cap.release()
+    assert ok and frame.shape == (48, 64, 3)
+    mpeg4 = DatasetWriter(tmp_path, SMALL, seed=3).write("video", 1, 1, "m")
+    assert _codec(_rows(mpeg4.path)[0]["video"]) == "mpeg4"
+
+
 def test_cache_hit_variant_repeats_one_row(tmp_path: Path) -> None:
     shape = WorkloadShape(**{**SMALL.__dict__, "unique_media": False})
     rows = _rows(DatasetWriter(tmp_path, shape, seed=3).write("video", 2, 3, "r2").path)

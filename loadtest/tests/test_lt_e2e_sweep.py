@@ -76,3 +76,25 @@ def test_image_workload_with_two_images_per_request(vllm_server, tmp_path: Path)
     m = r["measurement"]
     assert m["errored"] == 0, r
     assert m["successful"] + m["incomplete"] > 0
+
+
+@pytest.mark.e2e
+def test_h264_videos_are_served(vllm_server, tmp_path: Path) -> None:
+    """--video-codec h264: vLLM's loader decodes the H.264 clips and answers every request."""
+    out = tmp_path / "h264"
+    cmd = [
+        sys.executable, "-m", "slo_loadtest.cli", "run",
+        "--target", vllm_server.url, "--workloads", "video", "--rates", "0.5",
+        "--duration", "8", "--warmup", "0", "--video-codec", "h264", "--video-frames", "2",
+        "--video-width", "64", "--video-height", "48", "--media-prompt-tokens", "8",
+        "--tokenizer", str(vllm_server.model_path), "--max-workers", "1", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr
+    s = json.loads((out / "summary.json").read_text())
+    (r,) = s["results"]
+    assert r["status"] == "ok" and s["config"]["video_codec"] == "h264"
+    m = r["measurement"]
+    assert m["errored"] == 0, r
+    assert m["successful"] > 0, r
+    assert list((out / "data" / "media").glob("*-h264-*.mp4"))

@@ -90,6 +90,8 @@ def test_defaults_come_from_the_config() -> None:
         (["--warmup", "50"], "--warmup"),
         (["--min-achieved-ratio", "1.5"], "--min-achieved-ratio"),
         (["--tokenizer", "/nonexistent/dir"], "--tokenizer"),
+        (["--video-codec", "vp9"], "--video-codec"),
+        (["--video-codec", "h264", "--video-width", "853"], "--video-codec"),  # yuv420p: even
     ],
 )
 def test_run_rejects_bad_input_naming_the_flag(args: list[str], flag: str, tmp_path) -> None:

@@ -88,6 +88,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "video_width": _positive("video width"),
     "video_height": _positive("video height"),
     "video_fps": _positive("video fps"),
+    "video_codec": validation.check_video_codec,
     "image_width": _positive("image width"),
     "image_height": _positive("image height"),
     "images_per_request": _positive("images per request"),
@@ -168,6 +169,12 @@ def build_config(values: dict[str, Any]) -> SweepConfig:
             f"the warm-up ({cfg.warmup_s:g} s) must be shorter than the duration "
             f"({cfg.duration_s:g} s)",
             param_hint="'--warmup'",
+        )
+    if cfg.video_codec == "h264" and (cfg.video_width % 2 or cfg.video_height % 2):
+        raise click.BadParameter(
+            f"h264 (yuv420p) needs an even width and height, got "
+            f"{cfg.video_width}x{cfg.video_height}",
+            param_hint="'--video-codec'",
         )
     if cfg.tokenizer and not Path(cfg.tokenizer).is_dir():
         raise click.BadParameter(f"{cfg.tokenizer} is not a directory", param_hint="'--tokenizer'")

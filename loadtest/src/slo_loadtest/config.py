@@ -43,6 +43,7 @@ class WorkloadShape:
     video_width: int = 854
     video_height: int = 480
     video_fps: float = 2.0
+    video_codec: str = "mpeg4"
     image_width: int = 640
     image_height: int = 480
     images_per_request: int = 1
@@ -117,6 +118,12 @@ class SweepConfig:
     video_width: int = _f(WorkloadShape.video_width, "Video width (px); 480p is 854x480.")
     video_height: int = _f(WorkloadShape.video_height, "Video height (px).")
     video_fps: float = _f(WorkloadShape.video_fps, "Video frame rate written into the mp4.")
+    video_codec: str = _f(
+        WorkloadShape.video_codec,
+        "Codec of the generated mp4s: mpeg4 (MPEG-4 Part 2, OpenCV's writer) or h264 (libx264 "
+        "through PyAV; even width and height). Decoding costs the server differently, so match "
+        "what the clients send.",
+    )
     image_width: int = _f(WorkloadShape.image_width, "Image width (px).")
     image_height: int = _f(WorkloadShape.image_height, "Image height (px).")
     images_per_request: int = _f(WorkloadShape.images_per_request, "Images per image request.")

@@ -87,7 +87,8 @@ class DatasetWriter:
 
     def _video_path(self, key: int) -> Path:
         s = self.shape
-        name = f"v{self.seed}-{s.video_width}x{s.video_height}-{s.video_frames}f-{key}.mp4"
+        codec = "" if s.video_codec == "mpeg4" else f"-{s.video_codec}"
+        name = f"v{self.seed}-{s.video_width}x{s.video_height}-{s.video_frames}f{codec}-{key}.mp4"
         return self.root / "media" / name
 
     def _image_path(self, key: int, i: int) -> Path:
@@ -105,6 +106,7 @@ class DatasetWriter:
                 s.video_height,
                 s.video_fps,
                 self.seed,
+                s.video_codec,
             )
         elif workload == "image":
             jobs = [

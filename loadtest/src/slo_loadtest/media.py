@@ -1,4 +1,5 @@
-"""Pre-generated media: mp4 videos (OpenCV ``VideoWriter``, codec mp4v) and JPEG images.
+"""Pre-generated media: mp4 videos (MPEG-4 Part 2 through OpenCV's ``VideoWriter``, or H.264
+through PyAV's libx264, which pip's OpenCV lacks) and JPEG images.
 
 Each row gets its own content, seeded by the row index, so neither vLLM's multimodal processor
 cache nor its encoder cache can hide the vision encoder's work. Content is a smooth gradient with
@@ -48,13 +49,11 @@ def _frame(key: int, t: int, width: int, height: int, seed: int) -> np.ndarray:
     return img
 
 
-def write_video(
-    path: Path, key: int, frames: int, width: int, height: int, fps: float, seed: int
-) -> Path:
+def _write_mpeg4(
+    tmp: Path, key: int, frames: int, width: int, height: int, fps: float, seed: int
+) -> None:
     import cv2
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
     writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write mp4 at {tmp} ({width}x{height})")
@@ -63,8 +62,46 @@ def write_video(
             writer.write(_frame(key, t, width, height, seed))
     finally:
         writer.release()
+
+
+def _write_h264(
+    tmp: Path, key: int, frames: int, width: int, height: int, fps: float, seed: int
+) -> None:
+    from fractions import Fraction
+
+    import av
+
+    with av.open(str(tmp), "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        # fast to write; the decoder's work does not depend on the preset's search effort
+        stream.options = {"preset": "veryfast"}
+        for t in range(frames):
+            frame = av.VideoFrame.from_ndarray(_frame(key, t, width, height, seed), format="bgr24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():  # flush the encoder's delayed frames
+            out.mux(packet)
+
+
+def write_video(
+    path: Path,
+    key: int,
+    frames: int,
+    width: int,
+    height: int,
+    fps: float,
+    seed: int,
+    codec: str = "mpeg4",
+) -> Path:
+    writers = {"mpeg4": _write_mpeg4, "h264": _write_h264}
+    if codec not in writers:
+        raise ValueError(f"unknown video codec {codec!r}; choose from {', '.join(writers)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    writers[codec](tmp, key, frames, width, height, fps, seed)
     if not tmp.exists() or tmp.stat().st_size == 0:
-        raise RuntimeError(f"OpenCV wrote no video to {tmp}")
+        raise RuntimeError(f"no {codec} video was written to {tmp}")
     os.replace(tmp, path)
     return path
 
@@ -97,7 +134,7 @@ def video_frame_count(path: Path) -> int:
         cap.release()
 
 
-def _video_job(args: tuple[Path, int, int, int, int, float, int]) -> Path:
+def _video_job(args: tuple[Path, int, int, int, int, float, int, str]) -> Path:
     return write_video(*args)
 
 
@@ -110,10 +147,16 @@ def _workers(n_jobs: int) -> int:
 
 
 def write_videos(
-    jobs: Iterable[tuple[Path, int]], frames: int, width: int, height: int, fps: float, seed: int
+    jobs: Iterable[tuple[Path, int]],
+    frames: int,
+    width: int,
+    height: int,
+    fps: float,
+    seed: int,
+    codec: str = "mpeg4",
 ) -> list[Path]:
     """Write one video per (path, key), skipping files that already exist."""
-    todo = [(p, k, frames, width, height, fps, seed) for p, k in jobs if not p.exists()]
+    todo = [(p, k, frames, width, height, fps, seed, codec) for p, k in jobs if not p.exists()]
     return _run(_video_job, todo)
 
 

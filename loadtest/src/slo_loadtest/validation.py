@@ -89,6 +89,16 @@ def parse_workloads(text: str) -> tuple[str, ...]:
     return items
 
 
+VIDEO_CODECS = ("mpeg4", "h264")
+
+
+def check_video_codec(name: str) -> str:
+    codec = (name or "").strip().lower()
+    if codec not in VIDEO_CODECS:
+        raise ValueError(f"unknown video codec {name!r}; choose from {', '.join(VIDEO_CODECS)}")
+    return codec
+
+
 def check_target(url: str) -> str:
     """An http(s) URL with a host; returns it without a trailing slash."""
     url = (url or "").strip()
