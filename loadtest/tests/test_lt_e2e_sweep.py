@@ -56,20 +56,28 @@ def test_short_sweep_against_real_vllm(vllm_server, tmp_path: Path) -> None:
     assert (out / "latency-vs-rate.png").stat().st_size > 5000
 
 
+def _one_rate(vllm_server, out: Path, workload: str, *args: str) -> Path:
+    """One 8 s rate of one workload at 0.5 req/s through the installed CLI; pass or fail on the
+    SLO, never an error exit."""
+    cmd = [
+        sys.executable, "-m", "slo_loadtest.cli", "run",
+        "--target", vllm_server.url, "--workloads", workload, "--rates", "0.5",
+        "--duration", "8", "--warmup", "0", "--media-prompt-tokens", "8",
+        "--tokenizer", str(vllm_server.model_path), "--max-workers", "1", "--out", str(out), *args,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr
+    return out
+
+
 @pytest.mark.e2e
 def test_image_workload_with_two_images_per_request(vllm_server, tmp_path: Path) -> None:
     """The optional image workload (two images per request, sent as one OpenAI message) is
     accepted by vLLM: no request errors."""
-    out = tmp_path / "img"
-    cmd = [
-        sys.executable, "-m", "slo_loadtest.cli", "run",
-        "--target", vllm_server.url, "--workloads", "image", "--rates", "0.5",
-        "--duration", "8", "--warmup", "0", "--images-per-request", "2",
-        "--image-width", "64", "--image-height", "48", "--media-prompt-tokens", "8",
-        "--tokenizer", str(vllm_server.model_path), "--max-workers", "1", "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode in (0, 1), proc.stderr
+    out = _one_rate(
+        vllm_server, tmp_path / "img", "image", "--images-per-request", "2",
+        "--image-width", "64", "--image-height", "48",
+    )  # fmt: skip
     s = json.loads((out / "summary.json").read_text())
     (r,) = s["results"]
     assert r["status"] == "ok" and s["model"] == vllm_server.model
@@ -81,16 +89,10 @@ def test_image_workload_with_two_images_per_request(vllm_server, tmp_path: Path)
 @pytest.mark.e2e
 def test_h264_videos_are_served(vllm_server, tmp_path: Path) -> None:
     """--video-codec h264: vLLM's loader decodes the H.264 clips and answers every request."""
-    out = tmp_path / "h264"
-    cmd = [
-        sys.executable, "-m", "slo_loadtest.cli", "run",
-        "--target", vllm_server.url, "--workloads", "video", "--rates", "0.5",
-        "--duration", "8", "--warmup", "0", "--video-codec", "h264", "--video-frames", "2",
-        "--video-width", "64", "--video-height", "48", "--media-prompt-tokens", "8",
-        "--tokenizer", str(vllm_server.model_path), "--max-workers", "1", "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode in (0, 1), proc.stderr
+    out = _one_rate(
+        vllm_server, tmp_path / "h264", "video", "--video-codec", "h264", "--video-frames", "2",
+        "--video-width", "64", "--video-height", "48",
+    )  # fmt: skip
     s = json.loads((out / "summary.json").read_text())
     (r,) = s["results"]
     assert r["status"] == "ok" and s["config"]["video_codec"] == "h264"
