@@ -99,15 +99,10 @@ class DatasetWriter:
     def _write_media(self, workload: str, keys: list[int]) -> None:
         s = self.shape
         if workload == "video":
-            media.write_videos(
-                [(self._video_path(k), k) for k in keys],
-                s.video_frames,
-                s.video_width,
-                s.video_height,
-                s.video_fps,
-                self.seed,
-                s.video_codec,
+            spec = media.VideoSpec(
+                s.video_frames, s.video_width, s.video_height, s.video_fps, self.seed, s.video_codec
             )
+            media.write_videos([(self._video_path(k), k) for k in keys], spec)
         elif workload == "image":
             jobs = [
                 (self._image_path(k, i), k * 1000 + i)

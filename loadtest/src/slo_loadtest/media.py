@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +135,21 @@ def video_frame_count(path: Path) -> int:
         cap.release()
 
 
-def _video_job(args: tuple[Path, int, int, int, int, float, int, str]) -> Path:
-    return write_video(*args)
+@dataclass(frozen=True)
+class VideoSpec:
+    """What every video of a dataset shares (the row key makes each one's content)."""
+
+    frames: int
+    width: int
+    height: int
+    fps: float
+    seed: int
+    codec: str = "mpeg4"
+
+
+def _video_job(args: tuple[Path, int, VideoSpec]) -> Path:
+    path, key, s = args
+    return write_video(path, key, s.frames, s.width, s.height, s.fps, s.seed, s.codec)
 
 
 def _image_job(args: tuple[Path, int, int, int, int]) -> Path:
@@ -146,17 +160,9 @@ def _workers(n_jobs: int) -> int:
     return max(1, min(os.cpu_count() or 1, 8, n_jobs))
 
 
-def write_videos(
-    jobs: Iterable[tuple[Path, int]],
-    frames: int,
-    width: int,
-    height: int,
-    fps: float,
-    seed: int,
-    codec: str = "mpeg4",
-) -> list[Path]:
+def write_videos(jobs: Iterable[tuple[Path, int]], spec: VideoSpec) -> list[Path]:
     """Write one video per (path, key), skipping files that already exist."""
-    todo = [(p, k, frames, width, height, fps, seed, codec) for p, k in jobs if not p.exists()]
+    todo = [(p, k, spec) for p, k in jobs if not p.exists()]
     return _run(_video_job, todo)
 
 
