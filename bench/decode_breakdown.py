@@ -7,8 +7,9 @@ and CPU time, and when the last frame is ready. Needs no vLLM for those.
 
     python bench/decode_breakdown.py --out bench/results/media/cpu-2core-decode-breakdown.json
 
-Clips: the SLO load test's (slo-loadtest's generator, what bench/ttft_gap.py sends) and the
-textured one of bench/media_stages.py, 6 frames at 854x480. Median of --reps after 3 warm-ups.
+Clips: the SLO load test's (slo-loadtest's generator, what bench/ttft_gap.py sends), the same
+content as H.264 (`slo-loadtest --video-codec h264`) and the textured one of
+bench/media_stages.py, 6 frames at 854x480. Median of --reps after 3 warm-ups.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import media_stages as ms
 
 
-def slo_clip() -> bytes:
+def slo_clip(codec: str = "mpeg4") -> bytes:
     from slo_loadtest.media import write_video
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_video(Path(tmp) / "v.mp4", 1, frames=6, width=854, height=480, fps=2, seed=0)
+        path = write_video(
+            Path(tmp) / "v.mp4", 1, frames=6, width=854, height=480, fps=2, seed=0, codec=codec
+        )
         return path.read_bytes()
 
 
@@ -128,6 +131,7 @@ def main() -> None:
     }
     for name, data in (
         ("SLO clip (slo-loadtest), 6 frames 854x480", slo_clip()),
+        ("SLO clip as H.264 (slo-loadtest --video-codec h264), 6 frames 854x480", slo_clip("h264")),
         ("textured (media_stages), 6 frames 854x480", ms.realistic_mp4(0, 6, 854, 480)),
     ):
         for _ in range(3):
