@@ -3,7 +3,8 @@
     python bench/ttft_gap.py --target http://127.0.0.1:8000 --n 20 --burst 8,16 --out gap.json
 
 Text: ~500 one-token words, 10 output tokens. Video: one mp4 of 6 frames at 854x480 (unique per
-request, made with slo_loadtest's generator), 10 output tokens. Requests are sequential for the
+request, made with slo_loadtest's generator; MPEG-4 Part 2, or H.264 with --video-codec h264),
+10 output tokens. Requests are sequential for the
 gap (median of n after 3 warm-ups); a burst sends k videos at once and reports the spread of
 their TTFTs. TTFT = first streamed content delta, measured by an httpx client on the same host.
 
@@ -127,11 +128,14 @@ async def scrape(client: httpx.AsyncClient, target: str) -> Sums:
     return stage_sums(resp.text)
 
 
-def video_url(key: int, seed: int, tmp: Path, width: int = 854, height: int = 480) -> str:
+def video_url(
+    key: int, seed: int, tmp: Path, width: int = 854, height: int = 480, codec: str = "mpeg4"
+) -> str:
     """A 6-frame synthetic mp4 as a data URL (also used by greedy_outputs.py)."""
     path = write_video(
-        tmp / f"v{key}.mp4", key, frames=6, width=width, height=height, fps=2, seed=seed
-    )
+        tmp / f"v{key}.mp4", key, frames=6, width=width, height=height, fps=2, seed=seed,
+        codec=codec,
+    )  # fmt: skip
     return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
@@ -168,12 +172,17 @@ async def ttft(client: httpx.AsyncClient, url: str, body: dict) -> float:
 async def run(args: argparse.Namespace) -> dict:
     url = args.target.rstrip("/") + "/v1/chat/completions"
     text = " ".join(f"w{i % 2000}" for i in range(args.text_words))
-    results: dict = {"target": args.target, "model": args.model, "n": args.n}
+    results: dict = {
+        "target": args.target,
+        "model": args.model,
+        "n": args.n,
+        "video_codec": args.video_codec,
+    }
     watch = CompileWatch(args.watch_dir)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         n_videos = 3 + args.n + sum(args.burst) * 2
-        videos = [video_url(i, args.seed, tmp) for i in range(n_videos)]
+        videos = [video_url(i, args.seed, tmp, codec=args.video_codec) for i in range(n_videos)]
         video_content = [
             [{"type": "text", "text": "describe"}, {"type": "video_url", "video_url": {"url": v}}]
             for v in videos
@@ -230,6 +239,9 @@ def main() -> None:
         help="only print the per-stage breakdown between two saved /metrics scrapes (files)",
     )
     parser.add_argument("--n", type=int, default=20)
+    parser.add_argument(
+        "--video-codec", choices=("mpeg4", "h264"), default="mpeg4", help="the clips' codec"
+    )
     parser.add_argument("--text-words", type=int, default=480)
     parser.add_argument("--burst", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
     parser.add_argument("--seed", type=int, default=int(time.time()))

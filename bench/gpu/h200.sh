@@ -48,6 +48,7 @@
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
 #                                           greedy outputs or TTFT gap, a short warm-up instead;
+#                                           VIDEO_CODEC=h264: H.264 clips in the gap and sweep;
 #                                           LOADTEST_ARGS: more slo-loadtest options, e.g.
 #                                           --connection-per-request)
 #   bench/gpu/h200.sh config NAME PORT RATES DURATION [ENV=VAL ...]   serve + wait + measure
@@ -403,7 +404,7 @@ measure)
     # --watch-dir: which kernels compile during each phase (the ~1 s burst stalls of the ninth
     # and tenth sittings; tenth sitting's NOTES, section 3)
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-      --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
+      --video-codec "${VIDEO_CODEC:-mpeg4}" --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
       --watch-dir "$HOME/.cache/vllm" --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
   fi
   if [[ -n "${SWEEP_ONLY:-}" ]]; then
@@ -417,7 +418,8 @@ measure)
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
     --extra-body '{"skip_special_tokens": false}' --request-timeout 15 --report-samples 2 --search-beyond --search-max-rate "${SEARCH_MAX:-80}" --search-resolution 5 \
-    --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" --no-print-summary ${LOADTEST_ARGS:-} || echo "sweep exit $?"
+    --video-codec "${VIDEO_CODEC:-mpeg4}" --out "$OUT/sweep-$name" --data-dir "/tmp/data-$name" \
+    --no-print-summary ${LOADTEST_ARGS:-} || echo "sweep exit $?"
   # The device tool returns a limited number of files and folder depth: guidellm's per-step
   # reports go back as one archive (the 2026-11-30 sitting lost a results.csv to the count).
   if [[ -d "$OUT/sweep-$name/steps" ]]; then
