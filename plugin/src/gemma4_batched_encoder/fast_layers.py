@@ -69,23 +69,25 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
 GEMMS = ("qkv", "o", "gate_up", "down")
 
 
-def _linear(x: Tensor, w: dict[str, Tensor | None], name: str) -> Tensor:
-    """``F.linear(x, w[name])``, or its float8 GEMM when the weight was quantized."""
+def _linear(
+    x: Tensor,
+    w: dict[str, Tensor | None],
+    name: str,
+    quantized: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``F.linear(x, w[name])``, or its float8 GEMM when the weight was quantized. ``quantized``:
+    x's float8 rows and scales when the caller already made them (x then gives only the output's
+    leading shape and dtype)."""
     weight, w_scale = w[name], w.get(name + "_scale")
     assert weight is not None
     if w_scale is None:
         return F.linear(x, weight)
-    xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
-    out = _fp8_gemm(xq, x_scale, weight, w_scale).to(x.dtype)
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _fp8_gemm(xq: Tensor, x_scale: Tensor, weight: Tensor, w_scale: Tensor) -> Tensor:
-    """float8 rows [M, K] (scales [M, 1]) times float8 weight rows [N, K] (scales [1, N])."""
+    xq, x_scale = quantized or quantize_rows(x.reshape(-1, x.shape[-1]))
     # bf16 out: the only high-precision output CUDA's row-wise scaled GEMM offers
-    return torch._scaled_mm(
+    out = torch._scaled_mm(
         xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16
-    )
+    ).to(x.dtype)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def fp8_gemm_error(device: torch.device) -> str | None:
@@ -123,10 +125,7 @@ def _layer(
     gate_up = _linear(h, w, "gate_up")
     if w.get("down_scale") is not None:
         # float8: GELU x up, the row's amax and the quantization in one kernel
-        xq, x_scale = gelu_mul_quant(gate_up.reshape(b * n, -1))
-        down, down_scale = w["down"], w["down_scale"]
-        assert down is not None and down_scale is not None
-        h = _fp8_gemm(xq, x_scale, down, down_scale).to(x.dtype).reshape(b, n, -1)
+        h = _linear(gate_up, w, "down", quantized=gelu_mul_quant(gate_up.reshape(b * n, -1)))
     else:
         gate, up = gate_up.chunk(2, dim=-1)
         h = _linear(F.gelu(gate, approximate="tanh") * up, w, "down")
