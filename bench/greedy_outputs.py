@@ -104,14 +104,15 @@ def _max_logprob_diff(x: dict, y: dict) -> float | None:
     return diff
 
 
+def _differs(x: dict, y: dict) -> bool:
+    """One request's outputs differ: a greedy token or a top-5 logprob."""
+    return x["tokens"] != y["tokens"] or x.get("top_logprobs") != y.get("top_logprobs")
+
+
 def compare(a_path: Path, b_path: Path) -> int:
     a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
     pairs = list(zip(a["outputs"], b["outputs"], strict=True))
-    diffs = [
-        (x["case"], x["kind"])
-        for x, y in pairs
-        if x["tokens"] != y["tokens"] or x.get("top_logprobs") != y.get("top_logprobs")
-    ]
+    diffs = [(x["case"], x["kind"]) for x, y in pairs if _differs(x, y)]
     print(
         json.dumps(
             {
@@ -133,9 +134,8 @@ def compare(a_path: Path, b_path: Path) -> int:
 
 def _same(a: dict, b: dict) -> bool:
     """Every greedy token and every top-5 logprob equal."""
-    return [(x["tokens"], x.get("top_logprobs")) for x in a["outputs"]] == [
-        (y["tokens"], y.get("top_logprobs")) for y in b["outputs"]
-    ]
+    xs, ys = a["outputs"], b["outputs"]
+    return len(xs) == len(ys) and not any(map(_differs, xs, ys))
 
 
 def classes(paths: list[Path]) -> int:
