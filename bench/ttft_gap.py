@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slo_loadtest.media import write_video
+from slo_loadtest.media import VIDEO_CODECS, write_video
 
 # label in the breakdown -> (histogram name, label values it must have)
 STAGES = {
@@ -240,7 +240,7 @@ def main() -> None:
     )
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument(
-        "--video-codec", choices=("mpeg4", "h264"), default="mpeg4", help="the clips' codec"
+        "--video-codec", choices=VIDEO_CODECS, default="mpeg4", help="the clips' codec"
     )
     parser.add_argument("--text-words", type=int, default=480)
     parser.add_argument("--burst", type=lambda s: [int(x) for x in s.split(",") if x], default=[])

@@ -3,6 +3,7 @@ real decodable mp4s with the asked-for frames, prompts sized with a local tokeni
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -71,7 +72,7 @@ def _codec(path: str) -> str:
 
 
 def test_h264_videos_are_real_h264_mp4s_opencv_reads(tmp_path: Path) -> None:
-    shape = WorkloadShape(**{**SMALL.__dict__, "video_codec": "h264", "video_frames": 6})
+    shape = dataclasses.replace(SMALL, video_codec="h264", video_frames=6)
     w = DatasetWriter(tmp_path, shape, seed=3)
     rows = _rows(w.write("video", 2, 1, "r2").path)
     assert all("-h264-" in Path(r["video"]).name for r in rows)  # never an mpeg4 file's name

@@ -85,6 +85,10 @@ def _write_h264(
             out.mux(packet)
 
 
+_WRITERS = {"mpeg4": _write_mpeg4, "h264": _write_h264}
+VIDEO_CODECS = tuple(_WRITERS)  # --video-codec's choices
+
+
 def write_video(
     path: Path,
     key: int,
@@ -95,12 +99,11 @@ def write_video(
     seed: int,
     codec: str = "mpeg4",
 ) -> Path:
-    writers = {"mpeg4": _write_mpeg4, "h264": _write_h264}
-    if codec not in writers:
-        raise ValueError(f"unknown video codec {codec!r}; choose from {', '.join(writers)}")
+    if codec not in _WRITERS:
+        raise ValueError(f"unknown video codec {codec!r}; choose from {', '.join(VIDEO_CODECS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    writers[codec](tmp, key, frames, width, height, fps, seed)
+    _WRITERS[codec](tmp, key, frames, width, height, fps, seed)
     if not tmp.exists() or tmp.stat().st_size == 0:
         raise RuntimeError(f"no {codec} video was written to {tmp}")
     os.replace(tmp, path)

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from slo_loadtest.config import WORKLOAD_KINDS
+from slo_loadtest.media import VIDEO_CODECS
 
 MAX_RATES = 200
 
@@ -87,9 +88,6 @@ def parse_workloads(text: str) -> tuple[str, ...]:
     if len(set(items)) != len(items):
         raise ValueError(f"duplicate workloads in {text!r}")
     return items
-
-
-VIDEO_CODECS = ("mpeg4", "h264")
 
 
 def check_video_codec(name: str) -> str:
