@@ -109,6 +109,26 @@ wait_for() {
   echo "server :$port $what after $(($(date +%s) - t0)) s of waiting"
 }
 
+# group_pid PORT PATTERN: the pid of the process titled PATTERN in that server's process group
+# (serve starts each server with setsid; vLLM titles its processes VLLM::EngineCore and
+# VLLM::APIServer_N).
+group_pid() {
+  local pgid
+  pgid="$(cut -d' ' -f1 "/tmp/port-$1")"
+  ps -e -o pid=,pgid=,args= | awk -v g="$pgid" -v t="$2" '$2 == g && $3 ~ t {print $1; exit}'
+}
+
+# stop_server PORT: stop that server's process group; returns once the port is free and the
+# GPU memory is back (the next server may reuse both).
+stop_server() {
+  kill -- -"$(cut -d' ' -f1 "/tmp/port-$1")" 2>/dev/null || true
+  for _ in $(seq 60); do
+    curl -s "http://127.0.0.1:$1/health" >/dev/null 2>&1 || break
+    sleep 1
+  done
+  sleep 5
+}
+
 cmd="${1:?step}"
 shift
 case "$cmd" in
@@ -308,12 +328,7 @@ restart)
   # would. Then: does the greedy-output class travel with the caches?
   name="${1:?name}" port="${2:?port}" new="${4:-$1}" newport="${5:-$2}"
   mapfile -t args <"/tmp/serve-args-$name"
-  kill -- -"$(cut -d' ' -f1 "/tmp/port-$port")" 2>/dev/null || true
-  for _ in $(seq 60); do
-    curl -s "http://127.0.0.1:$port/health" >/dev/null 2>&1 || break
-    sleep 1
-  done
-  sleep 5 # the GPU memory of the stopped server
+  stop_server "$port"
   if [[ "$new" != "$name" ]]; then
     rm -rf "/tmp/cache-$new" && cp -a "/tmp/cache-$name" "/tmp/cache-$new"
   fi
@@ -374,8 +389,7 @@ greedy-servers)
     # Did the numerics switches reach the engine core, where the model compiles and runs? (The
     # eighteenth sitting's TORCHINDUCTOR_DETERMINISTIC=1 servers compiled kernels that say
     # `deterministic: False`.)
-    pgid="$(cut -d' ' -f1 "/tmp/port-$port")"
-    engine="$(ps -e -o pid=,pgid=,args= | awk -v g="$pgid" '$2 == g && $3 ~ /^VLLM::EngineCore/ {print $1; exit}')"
+    engine="$(group_pid "$port" '^VLLM::EngineCore')"
     if [[ -n "$engine" ]]; then
       tr '\0' '\n' <"/proc/$engine/environ" | grep -E "^(TORCHINDUCTOR_|VLLM_BATCH_INVARIANT|CUBLAS)" |
         sed "s/^/$name engine core: /" || echo "$name engine core: none of the numerics switches"
@@ -435,10 +449,8 @@ profile)
   name="${1:?name}" port="${2:?port}" workload="${3:?workload}" rate="${4:?rate}" seconds="${5:?seconds}"
   cd "$REPO"
   pgid="$(cut -d' ' -f1 "/tmp/port-$port")" # serve started the server with setsid: its group
-  pid_of() { ps -e -o pid=,pgid=,args= | awk -v g="$pgid" -v t="$1" '$2 == g && $3 ~ t {print $1; exit}'; }
-  # vLLM titles its processes VLLM::EngineCore and VLLM::APIServer_N; with one API server the
-  # group's leader (the entrypoint exec'd into vLLM) is the API server.
-  engine="$(pid_of '^VLLM::EngineCore')" api="$(pid_of '^VLLM::APIServer')"
+  # with one API server the group's leader (the entrypoint exec'd into vLLM) is the API server
+  engine="$(group_pid "$port" '^VLLM::EngineCore')" api="$(group_pid "$port" '^VLLM::APIServer')"
   api="${api:-$pgid}"
   echo "engine core pid ${engine:-?}, API server pid ${api:-?}"
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "$workload" \
@@ -530,12 +542,7 @@ config-steps)
     fi
   fi
   cp "/tmp/vllm-$name.log" "$OUT/$name-server.log" 2>/dev/null || true
-  kill -- -"$(cut -d' ' -f1 "/tmp/port-$port")" 2>/dev/null || true
-  for _ in $(seq 60); do # until the port is free (the next configuration reuses it)
-    curl -s "http://127.0.0.1:$port/health" >/dev/null 2>&1 || break
-    sleep 1
-  done
-  sleep 5 # the GPU memory of the stopped server
+  stop_server "$port" # the next configuration reuses the port
   ;;
 *)
   echo "unknown step $cmd" >&2
