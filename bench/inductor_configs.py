@@ -43,21 +43,23 @@ def kernel_kind(name: str, config: dict) -> str:
     return "reduction" if any(k.startswith("R0_") for k in config) else "other"
 
 
-def _kernel_name(root: Path, triton_hash: str | None) -> str:
-    """The kernel's name from its Triton cache metadata ("?" when that is not kept)."""
-    if triton_hash:
-        for meta in sorted(root.rglob(f"{triton_hash}/*.json")):
-            if not meta.name.startswith("__grp__"):
-                return meta.stem
-    return "?"
+def _kernel_names(root: Path) -> dict[str, str]:
+    """Triton cache folder (the hash a best_config names) -> the kernel's name, from the
+    metadata file beside the compiled kernel; one walk of the cache root."""
+    return {
+        meta.parent.name: meta.stem
+        for meta in sorted(root.rglob("*.json"))
+        if not meta.name.startswith("__grp__")
+    }
 
 
 def server_configs(root: Path) -> dict[str, dict]:
     """best_config name (a hash of the kernel) -> {"kernel", "kind", "config"}, one server."""
+    names = _kernel_names(root)
     out = {}
     for path in sorted(root.rglob("*.best_config")):
         raw = json.loads(path.read_text())
-        name = _kernel_name(root, raw.get("triton_cache_hash"))
+        name = names.get(raw.get("triton_cache_hash") or "", "?")
         config = {k: v for k, v in raw.items() if k not in _NOT_CHOICE}
         out[path.stem] = {"kernel": name, "kind": kernel_kind(name, config), "config": config}
     return out
