@@ -35,6 +35,7 @@ import torch
 
 from gemma4_batched_encoder.media.decode import find_mixin
 from gemma4_batched_encoder.noise_media import mp4_from_frames, noise
+from slo_loadtest.media import write_h264
 
 Y_COEFF, VR, UB, UG, VG = 9539, 13075, 16525, -3209, -6660
 
@@ -72,18 +73,8 @@ def content(kind: str, h: int, w: int, i: int) -> np.ndarray:
 def encode(codec: str, frames: list[np.ndarray]) -> bytes:
     if codec == "mpeg4":  # the SLO clip's codec, through OpenCV's writer as the load test's
         return mp4_from_frames(frames)
-    import av  # H.264 through PyAV's libx264 (pip's OpenCV has no H.264 encoder)
-
-    h, w = frames[0].shape[:2]
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=2)
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="bgr24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
+    buf = io.BytesIO()  # H.264 as slo-loadtest writes it (pip's OpenCV has no H.264 encoder)
+    write_h264(buf, frames, fps=2)
     return buf.getvalue()
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -65,24 +66,37 @@ def _write_mpeg4(
         writer.release()
 
 
-def _write_h264(
-    tmp: Path, key: int, frames: int, width: int, height: int, fps: float, seed: int
+def write_h264(
+    dest: Path | BinaryIO, frames: Iterable[np.ndarray], fps: float, preset: str | None = None
 ) -> None:
+    """An H.264 mp4 (yuv420p: even sizes) of these uint8 BGR frames, through PyAV's libx264;
+    ``preset``: libx264's speed preset (None: its default)."""
     from fractions import Fraction
 
     import av
 
-    with av.open(str(tmp), "w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        # fast to write; the decoder's work does not depend on the preset's search effort
-        stream.options = {"preset": "veryfast"}
-        for t in range(frames):
-            frame = av.VideoFrame.from_ndarray(_frame(key, t, width, height, seed), format="bgr24")
-            for packet in stream.encode(frame):
+    with av.open(dest if not isinstance(dest, Path) else str(dest), "w", format="mp4") as out:
+        stream = None
+        for picture in frames:
+            if stream is None:
+                stream = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+                stream.height, stream.width = picture.shape[:2]
+                stream.pix_fmt = "yuv420p"
+                if preset:
+                    stream.options = {"preset": preset}
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="bgr24")):
                 out.mux(packet)
-        for packet in stream.encode():  # flush the encoder's delayed frames
-            out.mux(packet)
+        if stream is not None:
+            for packet in stream.encode():  # flush the encoder's delayed frames
+                out.mux(packet)
+
+
+def _write_h264(
+    tmp: Path, key: int, frames: int, width: int, height: int, fps: float, seed: int
+) -> None:
+    # fast to write; the decoder's work does not depend on the preset's search effort
+    pictures = (_frame(key, t, width, height, seed) for t in range(frames))
+    write_h264(tmp, pictures, fps, preset="veryfast")
 
 
 _WRITERS = {"mpeg4": _write_mpeg4, "h264": _write_h264}
