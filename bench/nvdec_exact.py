@@ -26,7 +26,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,6 +64,19 @@ def _host_nv12(frame, width: int, height: int) -> tuple[np.ndarray, np.ndarray, 
     return y, uv[:, 0::2], uv[:, 1::2]
 
 
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """fn()'s result, its wall ms and this process's CPU ms, CUDA synchronised at both ends."""
+    torch.cuda.synchronize()
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    torch.cuda.synchronize()
+    return (
+        out,
+        round((time.perf_counter() - wall) * 1e3, 3),
+        round((time.process_time() - cpu) * 1e3, 3),
+    )
+
+
 def _check_clip(nvc, result: dict, width: int, height: int, frames: int, warm_repeats: int) -> None:
     """Fills `result` as it goes: what was measured before a failure is kept."""
     kind = result["content"]
@@ -86,26 +101,21 @@ def _check_clip(nvc, result: dict, width: int, height: int, frames: int, warm_re
             {name: _diff(a, b) for name, a, b in zip("YUV", mine, ref, strict=True)}
             for mine, ref in zip(nv12, ffmpeg_planes, strict=True)
         ]
-        converted = []
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for y, u, v in nv12:
-            gpu = [torch.from_numpy(np.ascontiguousarray(p)).cuda() for p in (y, u, v)]
-            converted.append(yuv420p_to_bgr(*gpu))
-        torch.cuda.synchronize()
-        result["convert_gpu_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        converted, result["convert_gpu_ms"], _ = _timed(
+            lambda: [
+                yuv420p_to_bgr(*(torch.from_numpy(np.ascontiguousarray(p)).cuda() for p in yuv))
+                for yuv in nv12
+            ]
+        )
         result["converted"] = [
             _diff(c.cpu().numpy(), s) for c, s in zip(converted, stock, strict=True)
         ]
         rgb = nvc.SimpleDecoder(
             f.name, use_device_memory=True, output_color_type=nvc.OutputColorType.RGB
         )
-        torch.cuda.synchronize()
-        w0, c0 = time.perf_counter(), time.process_time()
-        decoded = [torch.from_dlpack(fr) for fr in rgb.get_batch_frames_by_index(index)]
-        torch.cuda.synchronize()
-        result["nvdec_decode_ms"] = round((time.perf_counter() - w0) * 1e3, 2)
-        result["nvdec_decode_cpu_ms"] = round((time.process_time() - c0) * 1e3, 2)
+        decoded, result["nvdec_decode_ms"], result["nvdec_decode_cpu_ms"] = _timed(
+            lambda: [torch.from_dlpack(fr) for fr in rgb.get_batch_frames_by_index(index)]
+        )
         result["vllm_rgb"] = [
             _diff(d.cpu().numpy()[..., ::-1], s) for d, s in zip(decoded, stock, strict=True)
         ]
@@ -113,20 +123,20 @@ def _check_clip(nvc, result: dict, width: int, height: int, frames: int, warm_re
         # eighteenth sitting: 52-58 ms and as much CPU a clip). Now the process is warm: each
         # repeat creates a decoder (timed apart) and decodes the same clip.
         for _ in range(warm_repeats):
-            w0, c0 = time.perf_counter(), time.process_time()
-            again = nvc.SimpleDecoder(
-                f.name, use_device_memory=True, output_color_type=nvc.OutputColorType.NATIVE
+            again, create_ms, create_cpu_ms = _timed(
+                lambda: nvc.SimpleDecoder(
+                    f.name, use_device_memory=True, output_color_type=nvc.OutputColorType.NATIVE
+                )
             )
-            w1, c1 = time.perf_counter(), time.process_time()
-            frames_back = again.get_batch_frames_by_index(index)
-            torch.cuda.synchronize()
-            w2, c2 = time.perf_counter(), time.process_time()
+            frames_back, decode_ms, decode_cpu_ms = _timed(
+                lambda d=again: d.get_batch_frames_by_index(index)
+            )
             result.setdefault("warm", []).append(
                 {
-                    "create_ms": round((w1 - w0) * 1e3, 2),
-                    "create_cpu_ms": round((c1 - c0) * 1e3, 2),
-                    "decode_ms": round((w2 - w1) * 1e3, 2),
-                    "decode_cpu_ms": round((c2 - c1) * 1e3, 2),
+                    "create_ms": create_ms,
+                    "create_cpu_ms": create_cpu_ms,
+                    "decode_ms": decode_ms,
+                    "decode_cpu_ms": decode_cpu_ms,
                     "frames": len(frames_back),
                 }
             )
