@@ -19,7 +19,8 @@
 #   bench/gpu/h200.sh serve NAME PORT [ENV=VAL ...]   start vLLM (E4B dims, $WEIGHTS weights) in the background
 #                                           (GEMMA4_WARMUP=1: the entrypoint's warm-up, as the chart;
 #                                           `wait` then waits for it too; FRESH_CACHES=1: its own
-#                                           vLLM, inductor and Triton caches, as a new pod's)
+#                                           vLLM, inductor and Triton caches, as a new pod's;
+#                                           DIGEST=1: its weights' digests readable by `digest`)
 #   bench/gpu/h200.sh restart NAME PORT [AS NEW NEWPORT]   stop NAME and start it again with the
 #                                           same settings on its own caches (or NEW on a copy)
 #   bench/gpu/h200.sh wait PORT...          wait for /health
@@ -28,6 +29,9 @@
 #                                           another loads sizes it wrong, 0.20.0 and 0.26.0)
 #   bench/gpu/h200.sh wait-kv PORT          wait until that server has allocated its KV cache
 #   bench/gpu/h200.sh greedy NAME PORT TAG  greedy outputs (7 fixed requests) to NAME-greedy-TAG.json
+#   bench/gpu/h200.sh digest NAME PORT [FIRST]   a DIGEST=1 server's weight digests to
+#                                           NAME-digest.json (bench/param_digest.py), compared
+#                                           with FIRST's when given
 #   bench/gpu/h200.sh greedy-history NAME PORT   greedy outputs before and after the warm-up's
 #                                           traffic, compared (does history change the numerics?)
 #   bench/gpu/h200.sh greedy-servers NAME:PORT...   greedy-history on each (HISTORY=0: greedy
@@ -309,11 +313,17 @@ serve)
         TRITON_CACHE_DIR="/tmp/cache-$name/triton"
     fi
     if [[ "${GEMMA4_WARMUP:-0}" == 1 ]]; then touch "/tmp/warmup-$port.expected"; fi
+    dig=""
+    if [[ "${DIGEST:-0}" == 1 ]]; then # the weights' digests over vLLM's dev RPC (`digest` step)
+      cp "$REPO/bench/param_digest.py" "$SITE/" # not the tree: the next call replaces it
+      export VLLM_SERVER_DEV_MODE=1
+      dig="--worker-extension-cls param_digest.ParamDigest"
+    fi
     # dynamo names any recompile at serving time in the server log (a stall's other suspect)
     export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
     load=""
     compgen -G "$MODEL_DIR/*.safetensors" >/dev/null || load="--load-format dummy"
-    export VLLM_EXTRA_ARGS="$load --served-model-name $SERVED --max-model-len 8192 ${EXTRA_ARGS:-}"
+    export VLLM_EXTRA_ARGS="$load --served-model-name $SERVED --max-model-len 8192 $dig ${EXTRA_ARGS:-}"
     setsid nohup "$REPO/images/entrypoint.sh" >"/tmp/vllm-$name.log" 2>&1 &
     echo "$! /tmp/vllm-$name.log" >"/tmp/port-$port"
   )
@@ -354,6 +364,15 @@ greedy)
   python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
     --out "$OUT/$name-greedy-$tag.json"
   ;;
+digest)
+  # the weights a DIGEST=1 server holds, digested on the GPU (bench/param_digest.py); with a
+  # second name, compared: do two processes run the same model bit for bit?
+  name="${1:?name}" port="${2:?port}"
+  python3 "$REPO/bench/param_digest.py" --target "http://127.0.0.1:$port" --out "$OUT/$name-digest.json"
+  if [[ -n "${3:-}" ]]; then
+    python3 "$REPO/bench/param_digest.py" --compare "$OUT/$3-digest.json" "$OUT/$name-digest.json" || true
+  fi
+  ;;
 greedy-history)
   # Do a server's greedy outputs depend on the traffic it served before? Greedy outputs, then the
   # chart's warm-up traffic (gemma4_batched_encoder.warmup: a client, so stock servers too), then
@@ -386,14 +405,14 @@ greedy-servers)
     fi
     grep -E "compil|Directly load|cache" "/tmp/vllm-$name.log" | grep -v "^.*Capturing" |
       cut -c1-300 >"$OUT/$name-compile.txt" || true
-    # Did the numerics switches reach the engine core, where the model compiles and runs? (The
-    # eighteenth sitting's TORCHINDUCTOR_DETERMINISTIC=1 servers compiled kernels that say
-    # `deterministic: False`.)
-    engine="$(group_pid "$port" '^VLLM::EngineCore')"
-    if [[ -n "$engine" ]]; then
-      tr '\0' '\n' <"/proc/$engine/environ" | grep -E "^(TORCHINDUCTOR_|VLLM_BATCH_INVARIANT|CUBLAS)" |
-        sed "s/^/$name engine core: /" || echo "$name engine core: none of the numerics switches"
-    fi
+    # Which numerics switches the server started with (the engine core inherits them). Read from
+    # the process that exec'd vLLM: the engine core renames itself (setproctitle), which
+    # overwrites its /proc environ (the nineteenth sitting's VLLM_BATCH_INVARIANT=1 servers showed
+    # none there while their logs show the batch-invariant kernels registered).
+    leader="$(cut -d' ' -f1 "/tmp/port-$port")"
+    tr '\0' '\n' <"/proc/$leader/environ" | grep -E "^(TORCHINDUCTOR_|VLLM_BATCH_INVARIANT|CUBLAS)" |
+      sed "s/^/$name: /" || echo "$name: none of the numerics switches"
+    grep -m1 -o "batch_invariant.py:[0-9]*" "/tmp/vllm-$name.log" | sed "s/^/$name: kernels registered at /" || true
     if [[ -d "/tmp/cache-$name" ]]; then caches+=("$name=/tmp/cache-$name"); fi
     if [[ -z "$first" ]]; then
       first="$name"
