@@ -46,8 +46,9 @@
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
 #                                           overlap, swscale's yuv->rgb as tensor ops (cpu, cuda),
-#                                           NVDEC's planes and frames against FFmpeg's (0.26);
-#                                           9 files: run it through `packed`
+#                                           the processor's resize as integer ops on the GPU
+#                                           (HOST_CHECKS=1: only the last two); 9 files: run it
+#                                           through `packed`
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -295,8 +296,11 @@ host)
     python3 bench/yuv_rgb_exact.py --device "$dev" --out "$OUT/yuv-rgb-exact-$dev.json" >/dev/null ||
       echo "yuv->rgb on $dev: exit $? (differences, or no PyAV in the wheelhouse)"
   done
-  # NVDEC's planes and frames against FFmpeg's and OpenCV's (PyNvVideoCodec: vLLM 0.26's wheelhouse)
-  python3 bench/nvdec_exact.py --out "$OUT/nvdec-exact.json" >/dev/null || echo "nvdec: exit $?"
+  # the processor's antialiased bicubic resize as integer tensor ops on the GPU against
+  # torchvision's CPU resize, and its time beside the CPU's (the next step of a GPU-side
+  # preprocessing; NVDEC itself is settled: bench/nvdec_exact.py, nineteenth sitting)
+  python3 bench/resize_exact.py --device cuda --out "$OUT/resize-exact-cuda.json" >/dev/null ||
+    echo "resize on cuda: exit $?"
   ;;
 serve)
   name="${1:?name}" port="${2:?port}"
