@@ -29,22 +29,30 @@ def tiny_model() -> Path:
     return stack.ensure_model()
 
 
-@pytest.fixture(scope="session")
+def _test_server(
+    model: Path, workdir: Path, env: dict[str, str] | None = None, args: list[str] | None = None
+) -> stack.VllmServer:
+    return stack.VllmServer(
+        model_path=model,
+        workdir=workdir,
+        extra_env=env or {},
+        extra_args=[*TEST_SERVER_ARGS, *(args or [])],
+    )
+
+
+@pytest.fixture
 def vllm_server_factory(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., stack.VllmServer]]:
-    """Start extra servers (e.g. with the plugin disabled); all are stopped at session end."""
+    """Start extra servers (e.g. with the plugin disabled) for one test; they are stopped when
+    it ends. Each holds ~3 GB here: kept for the whole session, seven of them took this 24 GiB
+    machine out of memory."""
     started: list[stack.VllmServer] = []
 
     def start(
         name: str, env: dict[str, str] | None = None, args: list[str] | None = None
     ) -> stack.VllmServer:
-        server = stack.VllmServer(
-            model_path=tiny_model,
-            workdir=tmp_path_factory.mktemp(f"vllm-{name}"),
-            extra_env=env or {},
-            extra_args=[*TEST_SERVER_ARGS, *(args or [])],
-        )
+        server = _test_server(tiny_model, tmp_path_factory.mktemp(f"vllm-{name}"), env, args)
         started.append(server)
         return server.start()
 
@@ -54,9 +62,14 @@ def vllm_server_factory(
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_server_factory: Callable[..., stack.VllmServer]) -> stack.VllmServer:
-    # `model_path` (the local model dir) doubles as a tokenizer path for clients.
-    return vllm_server_factory("main")
+def vllm_server(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[stack.VllmServer]:
+    """The session's main server; `model_path` (the local model dir) doubles as a tokenizer
+    path for clients."""
+    server = _test_server(tiny_model, tmp_path_factory.mktemp("vllm-main"))
+    yield server.start()
+    server.stop()
 
 
 @pytest.fixture(scope="session")
