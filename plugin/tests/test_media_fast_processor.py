@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -81,6 +84,25 @@ def test_mixed_sizes_aspect_ratios_and_modes(soft_tokens: int) -> None:
     images.append(Image.fromarray(rgba, mode="RGBA"))
     images.append(textured(rng, 480, 640))  # same size as the first, not adjacent to it
     assert_same(images, soft_tokens)
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_every_aten_resize_kernel_gives_stocks_bytes(capability: str) -> None:
+    """The fast path resizes a call's frames as one batch, stock one frame at a time: with ATen's
+    generic and AVX2 uint8 kernels too (every other test runs this machine's, AVX-512), the
+    bytes are stock's. (The GPU host's CPU may pick another one.)"""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    case = f"{__file__}::test_mixed_sizes_aspect_ratios_and_modes"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", case],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "5 passed" in proc.stdout
 
 
 def test_no_resize_needed_keeps_every_value() -> None:
