@@ -9,8 +9,8 @@ Prints one JSON object and exits 1 on any difference: per case (the Gemma 4 proc
 targets for common frame and image sizes at several soft-token budgets, then random sizes,
 upscales and one-axis resizes included) the bytes compared against `tvF.resize` on the CPU; on a
 GPU also torchvision's own resize there (float32, rounded: not stock's bytes) and the times of
-one 6-frame 854x480 video's resize: CPU (stock, this process's torch threads) and this recipe on
-the device.
+one 6-frame 854x480 video's resize (its frames in interleaved memory, as the processor holds
+them): CPU (stock, this process's torch threads) and this recipe on the device.
 
 Stock Gemma 4 resizes every image and video frame with `tvF.resize(uint8, BICUBIC,
 antialias=True)`. On the CPU, torchvision hands uint8 straight to ATen's native uint8 kernel
@@ -225,7 +225,8 @@ def check(device: torch.device, frames: int, random_cases: int, seed: int) -> di
         "identical": all(r["max_abs_diff"] == 0 for r in compared),
         "results": results,
     }
-    video = _frames(480, 854, 6, seed)
+    # interleaved memory, as the processor holds a video's frames (channels-last views)
+    video = _frames(480, 854, 6, seed).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
     target = processor_targets()[1][1]  # 854x480 at 70 soft tokens, the SLO clip's frames
     report["timing_6x854x480"] = {
         "target": list(target),
