@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from byte_diff import byte_diff
 from yuv_rgb_exact import content, encode, planes, stock_frames, yuv420p_to_bgr
 
 CLIPS = [  # (codec, width, height, content); 854x480 and 6 frames: the SLO clip's
@@ -43,13 +44,6 @@ CLIPS = [  # (codec, width, height, content); 854x480 and 6 frames: the SLO clip
     ("h264", 854, 480, "gradient"),
     ("h264", 1280, 720, "blocks"),
 ]
-
-
-def _diff(a: np.ndarray, b: np.ndarray) -> dict:
-    if a.shape != b.shape:
-        return {"shape": [list(a.shape), list(b.shape)]}
-    d = np.abs(a.astype(np.int32) - b.astype(np.int32))
-    return {"max_abs_diff": int(d.max()), "differing_share": float((d > 0).mean())}
 
 
 def _host_nv12(frame, width: int, height: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -98,7 +92,7 @@ def _check_clip(nvc, result: dict, width: int, height: int, frames: int, warm_re
         if len(nv12) != len(stock):
             result["nvdec_frames"] = len(nv12)  # zip(strict=True) below then names the mismatch
         result["planes"] = [
-            {name: _diff(a, b) for name, a, b in zip("YUV", mine, ref, strict=True)}
+            {name: byte_diff(a, b) for name, a, b in zip("YUV", mine, ref, strict=True)}
             for mine, ref in zip(nv12, ffmpeg_planes, strict=True)
         ]
         converted, result["convert_gpu_ms"], _ = _timed(
@@ -108,7 +102,7 @@ def _check_clip(nvc, result: dict, width: int, height: int, frames: int, warm_re
             ]
         )
         result["converted"] = [
-            _diff(c.cpu().numpy(), s) for c, s in zip(converted, stock, strict=True)
+            byte_diff(c.cpu().numpy(), s) for c, s in zip(converted, stock, strict=True)
         ]
         rgb = nvc.SimpleDecoder(
             f.name, use_device_memory=True, output_color_type=nvc.OutputColorType.RGB
@@ -117,7 +111,7 @@ def _check_clip(nvc, result: dict, width: int, height: int, frames: int, warm_re
             lambda: [torch.from_dlpack(fr) for fr in rgb.get_batch_frames_by_index(index)]
         )
         result["vllm_rgb"] = [
-            _diff(d.cpu().numpy()[..., ::-1], s) for d, s in zip(decoded, stock, strict=True)
+            byte_diff(d.cpu().numpy()[..., ::-1], s) for d, s in zip(decoded, stock, strict=True)
         ]
         # The cold figures above include whatever the decoder defers to its first call (the
         # eighteenth sitting: 52-58 ms and as much CPU a clip). Now the process is warm: each

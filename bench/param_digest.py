@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 _CHUNK = 1 << 26  # 32-bit words per step: 64 Mi words, 1 GiB of int64 temporaries at most
-_MOD = (1 << 64) - 1
+_MASK64 = (1 << 64) - 1  # the sum wraps as a uint64 would
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -38,7 +38,7 @@ def tensor_digest(t: torch.Tensor) -> str:
         for start in range(0, words, _CHUNK):
             part = w[start : start + _CHUNK].to(torch.int64)
             pos = torch.arange(start + 1, start + 1 + part.numel(), device=part.device)
-            total = (total + int((part * (pos % 1000003 + 1)).sum())) & _MOD
+            total = (total + int((part * (pos % 1000003 + 1)).sum())) & _MASK64
     tail = bytes(raw[words * 4 :].tolist())
     return f"{total:016x}{tail.hex()}"
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from byte_diff import byte_diff
 
 from gemma4_batched_encoder.media.decode import find_mixin
 from gemma4_batched_encoder.noise_media import mp4_from_frames, noise
@@ -140,19 +141,17 @@ def main() -> None:
             raise SystemExit(
                 f"{codec} {w}x{h}: {len(stock)} frames from OpenCV, {len(decoded)} from PyAV"
             )
-        diffs = []
-        for bgr, (y, u, v) in zip(stock, decoded, strict=True):
-            got = yuv420p_to_bgr(*(torch.from_numpy(p.copy()).to(device) for p in (y, u, v)))
-            diffs.append((got.cpu().to(torch.int32) - torch.from_numpy(bgr).to(torch.int32)).abs())
-        d = torch.stack(diffs)
+        got = [
+            yuv420p_to_bgr(*(torch.from_numpy(p.copy()).to(device) for p in (y, u, v))).cpu()
+            for y, u, v in decoded
+        ]
         results.append(
             {
                 "codec": codec,
                 "size": f"{w}x{h}",
                 "content": kind,
                 "frames": len(stock),
-                "max_abs_diff": int(d.max()),
-                "differing_share": float((d > 0).float().mean()),
+                **byte_diff(torch.stack(got), np.stack(stock)),
             }
         )
     report = {
