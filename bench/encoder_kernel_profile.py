@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin" / "src"))
 
 from gemma4_batched_encoder import synthetic as S
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+from gemma4_batched_encoder.inputs import count_valid_patches
 from gemma4_batched_encoder.settings import Settings
 
 # First match wins: attention before GEMM, since cuDNN's flash attention kernel is named
@@ -54,6 +55,14 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=5, help="profiled calls (after 3 warm-ups)")
     # all by default: the small kernels are what bounds one video's time (~680 launches a call)
     p.add_argument("--top", type=int, default=0, help="kernels kept in the JSON (0: all)")
+    p.add_argument(
+        "--token-counts",
+        choices=("host", "device"),
+        default="host",
+        help="the frames' soft-token counts from the host, as vLLM serves them (default), or "
+        "counted on the device inside each call (the profiles before the twentieth sitting: "
+        "4 small kernels a frame more)",
+    )
     p.add_argument("--out")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -67,12 +76,14 @@ def main() -> None:
     pp = [x.to("cuda") for x in pps]
     settings = replace(Settings.from_env(), mode=args.mode, cuda_graphs=False)
     enc = BatchedVisionEncoder(vt, settings)
+    k2 = vt.config.pooling_kernel_size**2
+    hints = [c // k2 for c in count_valid_patches(pp)] if args.token_counts == "host" else None
     for _ in range(3):
-        enc.encode(pv, pp)
+        enc.encode(pv, pp, hints)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.calls):
-            enc.encode(pv, pp)
+            enc.encode(pv, pp, hints)
         torch.cuda.synchronize()
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
@@ -90,6 +101,7 @@ def main() -> None:
         "fast_kernels": settings.fast_kernels,
         "fused": settings.fused,
         "videos": args.videos,
+        "token_counts": args.token_counts,
         "frames": args.videos * args.frames,
         "gpu_ms_per_call": round(total, 3),
         "by_kind_ms": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},

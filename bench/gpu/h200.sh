@@ -42,6 +42,12 @@
 #                                           counts), kernel profiles at 16 and 1 videos (7 files a
 #                                           kernel choice: run it through
 #                                           `packed` or `bg`)
+#   bench/gpu/h200.sh fast-tune             fast mode's Triton kernels under other launches, attention
+#                                           per SDPA backend, the served pass's timeline
+#                                           (bench/fast_kernel_tune.py); the fastest launches
+#                                           entered in this tree's fast_launch.json (returned),
+#                                           then the bench and profile with them (run it
+#                                           through `bg` or `packed`: 6 files)
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
@@ -274,6 +280,24 @@ fast-probe)
       --mode exact --videos 16 --out "$OUT/exact-fused-profile.json" 2>>/tmp/fast-exact.log ||
       echo "profile exact: exit $?"
   fi
+  ;;
+fast-tune)
+  cd "$REPO"
+  export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH" GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8
+  table=plugin/src/gemma4_batched_encoder/fast_launch.json
+  # every launch of the float8 kernel gives the same bytes, compiled (the interpreter's in make test)
+  python3 plugin/tests/fp8_kernel_check.py --device cuda >"$OUT/fp8-kernel-check.json" ||
+    echo "fp8 kernel check: exit $?"
+  python3 bench/fast_kernel_tune.py --write "$table" --out "$OUT/fast-kernel-tune.json" ||
+    echo "tune: exit $?"
+  cp "$table" "$OUT/"
+  # the bench CLI (issue 3's figures) and the kernel profile with the table just written
+  python3 -m gemma4_batched_encoder.bench --preset e4b --device cuda --dtype bf16 --videos 1,16 \
+    --warmup 3 --repeats 10 --methods exact-fused,fast --out "$OUT/fast-bench.json" \
+    >"$OUT/fast-bench.txt" 2>/tmp/fast-tune-bench.log || echo "bench: exit $?"
+  grep -E "^ *(1|16) " "$OUT/fast-bench.txt" || tail -n 8 /tmp/fast-tune-bench.log
+  python3 bench/encoder_kernel_profile.py --mode fast --videos 16 --out "$OUT/fast-profile.json" ||
+    echo "profile: exit $?"
   ;;
 host)
   cd "$REPO"

@@ -30,7 +30,11 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))  # g4helpers, test_bit_identity
     import torch
 
-    from gemma4_batched_encoder.fp8_quant import gelu_mul_quant, gelu_mul_quant_reference
+    from gemma4_batched_encoder.fp8_quant import (
+        _launch_gelu_mul_quant,
+        gelu_mul_quant,
+        gelu_mul_quant_reference,
+    )
     from gemma4_batched_encoder.qkv_kernel import triton_usable
 
     device = torch.device(args.device)
@@ -46,6 +50,11 @@ def main() -> None:
             gu[2] = 0
             q, s = gelu_mul_quant(gu)
             rq, rs = gelu_mul_quant_reference(gu)
+            # other launches (4 rows a program, the last one part-masked; 2 rows): same bits
+            launches_equal = [
+                torch.equal(aq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(a_s, s)
+                for aq, a_s in (_launch_gelu_mul_quant(gu, r, w) for r, w in ((4, 4), (2, 8)))
+            ]
             g, u = gu.double().chunk(2, dim=-1)
             exact = torch.nn.functional.gelu(g, approximate="tanh") * u
             amax = exact.abs().amax(-1, keepdim=True).clamp(min=1e-30)
@@ -55,6 +64,7 @@ def main() -> None:
             q = fixed.view(torch.float8_e4m3fn)
             out["kernel"][f"{name}-{width}"] = {
                 "carries": int(carry.sum()),
+                "launches_equal": launches_equal,
                 "dtypes": [str(q.dtype), str(s.dtype)],
                 "shapes": [list(q.shape), list(s.shape)],
                 "finite": bool(torch.isfinite(q.float()).all() and torch.isfinite(s).all()),

@@ -137,9 +137,10 @@ import g4helpers as H
 from test_bit_identity import COMPOSITIONS
 from gemma4_batched_encoder import Settings
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
-from gemma4_batched_encoder.qkv_kernel import qkv_norm_rope, qkv_norm_rope_reference, triton_usable
+from gemma4_batched_encoder.qkv_kernel import (
+    _launch_qkv_norm_rope, qkv_norm_rope, qkv_norm_rope_reference, triton_usable)
 torch.manual_seed(0)
-out = {"usable": triton_usable(torch.zeros(1)), "kernel": {}}
+out = {"usable": triton_usable(torch.zeros(1)), "kernel": {}, "launches_equal": []}
 for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     b, n, h, d = 2, 37, 3, 16  # 74 rows: one full block of 64 and a masked one
     qkv, cos, sin = (torch.randn(b, n, w).to(dt) for w in (3 * h * d, d, d))
@@ -148,6 +149,10 @@ for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     ref = qkv_norm_rope_reference(qkv, cos, sin, qw, kw, h, 1e-6)
     out["kernel"][name] = [((g.float() - r.float()).abs().max() / r.abs().max()).item()
                            for g, r in zip(got, ref, strict=True)]
+    # other launches (all heads a program, other row blocks): the same arithmetic, the same bits
+    for block_m, all_heads in ((64, True), (16, True), (16, False)):
+        alt = _launch_qkv_norm_rope(qkv, cos, sin, qw, kw, h, 1e-6, block_m, 2, all_heads)
+        out["launches_equal"].append(all(torch.equal(a, g) for a, g in zip(alt, got)))
 tower = H.tower(torch.float32, seed=3)
 pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
 stock = Settings(mode="fast", cuda_graphs=False, fused="off")
@@ -189,6 +194,7 @@ def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
     assert result["usable"]
     assert max(result["kernel"]["fp32"]) < 1e-6
     assert max(result["kernel"]["bf16"]) < 2e-2  # one rounding where bf16 eager has several
+    assert result["launches_equal"] == [True] * 6
     assert result["encoder"] < 1e-5
 
 
@@ -202,6 +208,7 @@ def test_the_triton_fp8_kernel_quantizes_gelu_times_up_per_row():
     assert set(result["kernel"]) == {"fp32-96", "bf16-96"}
     for k in result["kernel"].values():
         assert k["dtypes"] == ["torch.float8_e4m3fn", "torch.float32"]
+        assert k["launches_equal"] == [True, True]
         assert k["shapes"] == [[6, 96], [6, 1]]
         assert k["finite"]
         assert k["scale_rel"] < 1e-5  # the same amax (fp32 GELU either way)

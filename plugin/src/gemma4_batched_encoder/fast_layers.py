@@ -6,7 +6,9 @@ rotary, GELU and residuals are left to inductor to fuse around them (``torch.com
 inductor's max-autotune, Triton GEMM templates with fused epilogues, measured slower on the
 H200, so it is not offered). With ``triton_qkv`` the per-head norms and the rotary after the
 Q/K/V GEMM run as one hand-written Triton kernel (qkv_kernel.py): inductor's kernel for them was
-the largest elementwise cost. The arithmetic is the layer's own (fp32 RMS norms, attention scale
+the largest elementwise cost. Each compiled call ends at a layer's down projection and the next
+opens with that layer's post-FFW norm and residual add, so inductor fuses them with its own input
+norm (one pass over the rows where there were two). The arithmetic is the layer's own (fp32 RMS norms, attention scale
 1, GELU-tanh), so it deviates from ``exact`` only by rounding order, which fast mode reports
 (``verify --mode fast``).
 
@@ -105,6 +107,7 @@ def fp8_gemm_error(device: torch.device) -> str | None:
 
 def _layer(
     x: Tensor,
+    pending: Tensor | None,
     cos: Tensor,
     sin: Tensor,
     w: dict[str, Tensor | None],
@@ -112,7 +115,15 @@ def _layer(
     head_dim: int,
     eps: float,
     triton_qkv: bool,
-) -> Tensor:
+    pending_norm: Tensor | None = None,
+    last: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """One layer up to its down projection: (residual stream, down projection). ``pending``: the
+    previous layer's down projection, whose post-FFW norm (``pending_norm``) and residual add open
+    this call, so that one compiled graph holds them beside this layer's input norm (one pass
+    over the rows instead of two). ``last``: close this layer too (returns the final stream)."""
+    if pending is not None:
+        x = x + _rms(pending, pending_norm, eps)
     b, n, _ = x.shape
     h = _rms(x, w["input_norm"], eps)
     qkv_fn = qkv_norm_rope if triton_qkv else qkv_norm_rope_reference
@@ -129,7 +140,9 @@ def _layer(
     else:
         gate, up = gate_up.chunk(2, dim=-1)
         h = _linear(F.gelu(gate, approximate="tanh") * up, w, "down")
-    return x + _rms(h, w["post_ffw_norm"], eps)
+    if last:
+        return x + _rms(h, w["post_ffw_norm"], eps), None
+    return x, h
 
 
 _COMPILED: Callable[..., Tensor] | None = None
@@ -207,10 +220,21 @@ class MergedLayers:
             raise Unsupported("merged layers attend over valid patches only (no mask)")
         cos, sin = self.encoder.rotary_emb(inputs_embeds, pixel_position_ids)
         _dynamic_batch_and_length(cos, sin)
-        hidden = inputs_embeds
-        for w in self.weights:
-            _dynamic_batch_and_length(hidden)
-            hidden = self.call(
-                hidden, cos, sin, w, self.heads, self.head_dim, self.eps, self.triton_qkv
+        hidden, pending, pending_norm = inputs_embeds, None, None
+        for i, w in enumerate(self.weights):
+            _dynamic_batch_and_length(hidden, pending)
+            hidden, pending = self.call(
+                hidden,
+                pending,
+                cos,
+                sin,
+                w,
+                self.heads,
+                self.head_dim,
+                self.eps,
+                self.triton_qkv,
+                pending_norm,
+                i == len(self.weights) - 1,
             )
+            pending_norm = w["post_ffw_norm"]
         return hidden

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .launch_config import launch
 from .qkv_kernel import triton, triton_usable
 
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
@@ -45,34 +46,51 @@ if triton is not None:
     _SQRT_2_OVER_PI: tl.constexpr = tl.constexpr(0.7978845608028654)
 
     @triton.jit
-    def _gelu_mul_quant_kernel(gate_up, out, scale_out, width, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def _gelu_mul_quant_kernel(
+        gate_up, out, scale_out, m, width, BLOCK: tl.constexpr, ROWS: tl.constexpr
+    ):
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK)
-        mask = cols < width
-        src = gate_up + row * (2 * width)
-        g = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(src + width + cols, mask=mask, other=0.0).to(tl.float32)
+        row_ok = rows < m
+        mask = row_ok[:, None] & (cols < width)[None, :]
+        src = gate_up + rows[:, None] * (2 * width) + cols[None, :]
+        g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(src + width, mask=mask, other=0.0).to(tl.float32)
         inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
         h = g * tl.sigmoid(2.0 * inner) * u  # masked columns are 0: they leave the amax alone
-        scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / _MAX
-        tl.store(out + row * width + cols, (h / scale).to(tl.float8e4nv), mask=mask)
-        tl.store(scale_out + row, scale)
+        scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / _MAX
+        dst = out + rows[:, None] * width + cols[None, :]
+        tl.store(dst, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
+        tl.store(scale_out + rows, scale, mask=row_ok)
 
 
-@torch.library.custom_op("gemma4_batched_encoder::gelu_mul_quant", mutates_args=())
-def gelu_mul_quant(gate_up: Tensor) -> tuple[Tensor, Tensor]:
-    """float8 rows of ``gelu_tanh(gate) * up`` and their scales (see the module doc)."""
+def _launch_gelu_mul_quant(
+    gate_up: Tensor, rows: int | None = None, warps: int | None = None
+) -> tuple[Tensor, Tensor]:
     m, both = gate_up.shape
-    if not triton_usable(gate_up) or both % 2:
-        return gelu_mul_quant_reference(gate_up)
     width = both // 2
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((m, width), dtype=torch.float8_e4m3fn)
     scale = gate_up.new_empty((m, 1), dtype=torch.float32)
     block = triton.next_power_of_2(width)
-    warps = min(16, max(4, block // 256))  # 4,096 wide (E4B): 16 warps, 8 fp32 pairs a thread
-    _gelu_mul_quant_kernel[(m,)](gate_up, out, scale, width, BLOCK=block, num_warps=warps)
+    # rows a program quantizes, and its warps (0: 4,096 wide a row as E4B's, 16 warps, 8 fp32
+    # pairs a thread); the launch changes the time, never a byte (launch_config.py)
+    choice = launch("gelu_quant", gate_up.device)
+    rows = rows or choice["rows"]
+    warps = warps or choice["warps"] or min(16, max(4, rows * block // 256))
+    grid = (triton.cdiv(m, rows),)
+    _gelu_mul_quant_kernel[grid](
+        gate_up, out, scale, m, width, BLOCK=block, ROWS=rows, num_warps=warps
+    )
     return out, scale
+
+
+@torch.library.custom_op("gemma4_batched_encoder::gelu_mul_quant", mutates_args=())
+def gelu_mul_quant(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    """float8 rows of ``gelu_tanh(gate) * up`` and their scales (see the module doc)."""
+    if not triton_usable(gate_up) or gate_up.shape[1] % 2:
+        return gelu_mul_quant_reference(gate_up)
+    return _launch_gelu_mul_quant(gate_up)
 
 
 @gelu_mul_quant.register_fake

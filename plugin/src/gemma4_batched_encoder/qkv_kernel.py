@@ -21,6 +21,8 @@ import os
 import torch
 from torch import Tensor
 
+from .launch_config import launch
+
 try:
     import triton
     import triton.language as tl
@@ -88,10 +90,11 @@ if triton is not None:
     @triton.jit
     def _qkv_norm_rope_kernel(
         qkv, cos, sin, qw, kw, q_out, k_out, v_out, M, eps,
-        H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+        H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, ALL_HEADS: tl.constexpr,
     ):  # fmt: skip
+        # ALL_HEADS: one program takes every head of its rows, so the rows' cos/sin are read once
+        # (else once per head: a second grid axis)
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        h = tl.program_id(1)
         d = tl.arange(0, D)
         m2 = (rows < M)[:, None]
         # rotate_half within each half of the head dim: [a, b] -> [-b, a], a and b D/4 wide
@@ -101,6 +104,19 @@ if triton is not None:
         sign = tl.where(first, -1.0, 1.0)
         c = tl.load(cos + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
         s = tl.load(sin + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        if ALL_HEADS:
+            for h in tl.static_range(H):
+                _qkv_head(qkv, qw, kw, q_out, k_out, v_out, rows, h, c, s, d, rot, sign, m2, eps,
+                          H, D)  # fmt: skip
+        else:
+            _qkv_head(qkv, qw, kw, q_out, k_out, v_out, rows, tl.program_id(1), c, s, d, rot,
+                      sign, m2, eps, H, D)  # fmt: skip
+
+    @triton.jit
+    def _qkv_head(
+        qkv, qw, kw, q_out, k_out, v_out, rows, h, c, s, d, rot, sign, m2, eps,
+        H: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
         src = qkv + rows[:, None] * (3 * H * D) + h * D
         out = rows[:, None] * (H * D) + h * D
         _norm_rope_head(src, qw, q_out + out, c, s, d, rot, sign, m2, eps, D)
@@ -128,17 +144,39 @@ def qkv_norm_rope(
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v as [B, L, H, D] from the merged projection [B, L, 3*H*D] (see the module doc)."""
-    b, n, width = qkv.shape
-    dim = width // (3 * heads)
+    dim = qkv.shape[-1] // (3 * heads)
     if not triton_usable(qkv) or dim % 4 or dim & (dim - 1):
         return qkv_norm_rope_reference(qkv, cos, sin, q_weight, k_weight, heads, eps)
+    return _launch_qkv_norm_rope(qkv, cos, sin, q_weight, k_weight, heads, eps)
+
+
+def _launch_qkv_norm_rope(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    heads: int,
+    eps: float,
+    block_m: int | None = None,
+    warps: int | None = None,
+    all_heads: bool | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    b, n, width = qkv.shape
+    dim = width // (3 * heads)
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     q, k, v = (qkv.new_empty((b, n, heads, dim)) for _ in range(3))
     rows = b * n
-    block = 64
-    _qkv_norm_rope_kernel[(triton.cdiv(rows, block), heads)](
+    # rows a program takes, its warps, one program for all heads of its rows or one a head: the
+    # launch changes the time, never a byte (launch_config.py)
+    choice = launch("qkv", qkv.device)
+    block = block_m or choice["block_m"]
+    all_heads = choice["all_heads"] if all_heads is None else all_heads
+    grid = (triton.cdiv(rows, block),) if all_heads else (triton.cdiv(rows, block), heads)
+    _qkv_norm_rope_kernel[grid](
         qkv, cos, sin, q_weight.contiguous(), k_weight.contiguous(), q, k, v, rows, eps,
-        H=heads, D=dim, BLOCK_M=block, num_warps=4,
+        H=heads, D=dim, BLOCK_M=block, ALL_HEADS=all_heads,
+        num_warps=warps or choice["warps"],
     )  # fmt: skip
     return q, k, v
 

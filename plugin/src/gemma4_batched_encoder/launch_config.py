@@ -1,0 +1,51 @@
+"""Launch choices of fast mode's Triton kernels (rows a program, warps, ...), per GPU.
+
+As vLLM keeps its fused-MoE kernel configs: a table measured per device name
+(``fast_launch.json``, written by ``bench/fast_kernel_tune.py --write``), and ``default`` for a
+device without an entry. A launch changes a kernel's time, never its arithmetic: every element
+is computed the same way whatever the launch (the kernel tests compare other launches' bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import torch
+
+TABLE = "fast_launch.json"
+_overrides: dict[str, dict[str, Any]] = {}
+
+
+@functools.cache
+def table() -> dict[str, dict[str, dict[str, Any]]]:
+    return json.loads(resources.files(__package__).joinpath(TABLE).read_text())
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The table's key for ``device``: CUDA's device name (``NVIDIA H200``), else the type."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def launch(kernel: str, device: torch.device) -> dict[str, Any]:
+    """``kernel``'s launch on ``device``: the default, then the device's entry, then overrides."""
+    entry = table().get(device_name(device), {})
+    return {**table()["default"][kernel], **entry.get(kernel, {}), **_overrides.get(kernel, {})}
+
+
+@contextlib.contextmanager
+def overridden(launches: dict[str, dict[str, Any]]) -> Iterator[None]:
+    """Other launches while the block runs (the tuning bench; graphs captured inside keep them)."""
+    saved = {k: dict(v) for k, v in _overrides.items()}
+    for kernel, choice in launches.items():
+        _overrides.setdefault(kernel, {}).update(choice)
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
