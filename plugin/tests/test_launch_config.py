@@ -59,3 +59,25 @@ def test_the_wheel_carries_the_table(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         shipped = json.loads(z.read("gemma4_batched_encoder/fast_launch.json"))
     assert shipped == launch_config.table()
+
+
+def test_the_qkv_kernel_takes_all_heads_a_program_only_from_the_tables_row_count(monkeypatch):
+    # The H200 entry: all heads a program at 16 videos' rows, one program a head below (fewer
+    # row blocks than the GPU has room for). The grids the launcher picks, kernel not run.
+    from gemma4_batched_encoder import qkv_kernel
+
+    grids = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(qkv_kernel, "_qkv_norm_rope_kernel", Recorder(), raising=False)
+    entry = {"block_m": 16, "warps": 4, "all_heads": True, "all_heads_min_rows": 1000}
+    with launch_config.overridden({"qkv": entry}):
+        for rows in (999, 1000):
+            qkv = torch.zeros(1, rows, 3 * 2 * 8)
+            cos = torch.zeros(1, rows, 8)
+            qkv_kernel._launch_qkv_norm_rope(qkv, cos, cos, torch.ones(8), torch.ones(8), 2, 1e-6)
+    assert grids == [(63, 2), (63,)]

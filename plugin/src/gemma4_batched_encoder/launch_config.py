@@ -2,8 +2,12 @@
 
 As vLLM keeps its fused-MoE kernel configs: a table measured per device name
 (``fast_launch.json``, written by ``bench/fast_kernel_tune.py --write``), and ``default`` for a
-device without an entry. A launch changes a kernel's time, never its arithmetic: every element
-is computed the same way whatever the launch (the kernel tests compare other launches' bytes).
+device without an entry. A launch changes a kernel's time, not its formulas: the GELU x up +
+quantize kernel gives the same bytes under every launch (amax is exact in any order; checked in
+Triton's interpreter by make test and compiled on the H200), and so does the q/k/v kernel in the
+interpreter; compiled, a launch with more warps than its rows fill may sum a row's squares in
+another order (16 rows with 8 warps: one bf16 step on the H200, twentieth sitting). The H200's
+entry gave the default's bytes there.
 """
 
 from __future__ import annotations

@@ -167,11 +167,14 @@ def _launch_qkv_norm_rope(
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     q, k, v = (qkv.new_empty((b, n, heads, dim)) for _ in range(3))
     rows = b * n
-    # rows a program takes, its warps, one program for all heads of its rows or one a head: the
-    # launch changes the time, never a byte (launch_config.py)
+    # rows a program takes, its warps, one program for all heads of its rows or one a head
+    # (launch_config.py: the time, and at most a row sum's order)
     choice = launch("qkv", qkv.device)
     block = block_m or choice["block_m"]
-    all_heads = choice["all_heads"] if all_heads is None else all_heads
+    if all_heads is None:
+        # all heads a program only where the rows alone fill the GPU: at 1 video (3,402 rows)
+        # the H200's fastest launch was one program a head, at 16 (54,432) all heads
+        all_heads = choice["all_heads"] and rows >= choice["all_heads_min_rows"]
     grid = (triton.cdiv(rows, block),) if all_heads else (triton.cdiv(rows, block), heads)
     _qkv_norm_rope_kernel[grid](
         qkv, cos, sin, q_weight.contiguous(), k_weight.contiguous(), q, k, v, rows, eps,
