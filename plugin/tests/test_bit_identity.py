@@ -120,6 +120,27 @@ def test_fast_mode_close_not_required_identical(tower):
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
 
 
+def test_fast_mode_takes_stacked_frames_as_views_with_the_lists_values(tower, monkeypatch):
+    # vLLM hands video frames as one [frames, P, D] tensor: fast mode slices its runs of equal
+    # valid length instead of stacking copies of them; same values as a list's stacked batch
+    from gemma4_batched_encoder import encoder as enc_mod
+
+    dtype = next(tower.parameters()).dtype
+    media = [H.FRAME_480P] * 4 + [H.FRAME_720P] * 2 + [H.FRAME_480P] * 2
+    pvs, pps = H.batch(media, dtype, seed=17)
+    tokens = [int((pp != -1).any(-1).sum()) // 9 for pp in pps]
+    from_list = encode_frames(tower, pvs, pps, valid_tokens=tokens, mode="fast")
+    stacks = []
+    real_stack = enc_mod._stack
+    monkeypatch.setattr(enc_mod, "_stack", lambda *a: stacks.append(a[2]) or real_stack(*a))
+    stacked = encode_frames(
+        tower, torch.stack(pvs), torch.stack(pps), valid_tokens=tokens, mode="fast"
+    )
+    # 480p frames 0-3 and 6-7 are two runs: the second is no view of a run with the first
+    assert stacks == ["pixel_values", "position_ids"]
+    assert_identical(stacked, from_list)
+
+
 def test_rejects_inconsistent_token_counts(tower):
     dtype = next(tower.parameters()).dtype
     pvs, pps = H.batch([H.FRAME_480P], dtype)

@@ -25,6 +25,18 @@ def _stack(
     return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
 
 
+def _rows(
+    source: PixelInput, items: list[Item], idx: list[int], attr: str, patches: int
+) -> torch.Tensor:
+    """Fast mode's batch: a view of ``source`` when it is one stacked tensor and ``idx`` a run of
+    it (vLLM hands video frames so), else ``_stack``. The view saves the stack's copy and its
+    per-frame calls; the values are the same either way (the graph copies its input in)."""
+    run = idx == list(range(idx[0], idx[0] + len(idx)))
+    if isinstance(source, torch.Tensor) and source.dim() == 3 and run:
+        return source[idx[0] : idx[-1] + 1, :patches]
+    return _stack(items, idx, attr, patches)
+
+
 class BatchedVisionEncoder:
     """Batches all images/frames of a call through one Gemma 4 vision tower.
 
@@ -180,8 +192,8 @@ class BatchedVisionEncoder:
                 per_item = self._item_bytes(valid, items[indices[0]].pixel_values.dtype)
                 for idx in chunks(indices, per_item, budget):
                     # Valid patches are a prefix of each item (the HF processor pads at the end).
-                    pv = _stack(items, idx, "pixel_values", valid)
-                    pp = _stack(items, idx, "position_ids", valid)
+                    pv = _rows(pixel_values, items, idx, "pixel_values", valid)
+                    pp = _rows(pixel_position_ids, items, idx, "position_ids", valid)
                     pooled = self._fast(pv, pp)
                     for j, i in enumerate(idx):
                         out[i] = pooled[j]
