@@ -10,10 +10,11 @@ On a GPU (torch + triton + transformers, no vLLM), E4B vision dims, bf16, 6-fram
 3. attention as the merged layer calls it (SDPA on q/k/v transposed from [B, L, H, D]) per SDPA
    backend, and with contiguous [B, H, L, D] inputs;
 4. the whole fast pass as served (``merged-triton-fp8``, CUDA graphs, the frames' token counts
-   from the host) with the launches in the source, the fastest launches found above, and the
-   layer boundary of before (each layer closing its own post-FFW residual): wall time side by
-   side in one process, and a profile of each call's CPU span against its kernels (the time the
-   GPU waits, the kernel count, the longest gaps).
+   from the host) with the launches in the source, the fastest launches found above, the layer
+   boundary of before (each layer closing its own post-FFW residual), and the frames as one
+   stacked tensor instead of a list: wall time side by side in one process, and a profile of
+   each call's CPU span against its kernels (the time the GPU waits, the kernel count, the
+   longest gaps).
 
     PYTHONPATH=plugin/src python bench/fast_kernel_tune.py --out tune.json
 """
@@ -246,7 +247,10 @@ def whole_pass(vt: torch.nn.Module, videos: int, variants: dict[str, dict]) -> l
     for name, v in variants.items():
         with launch_config.overridden(v.get("launches", {})):
             enc = _encoder(vt, v.get("per_layer_residual", False))
-            call = lambda enc=enc: enc.encode(pv, pp, hints)  # noqa: E731
+            # a list of frames (as the bench CLI passes them) or one stacked tensor (as vLLM
+            # hands video frames: fast mode then slices views of it)
+            xs = (torch.stack(pv), torch.stack(pp)) if v.get("stacked") else (pv, pp)
+            call = lambda enc=enc, xs=xs: enc.encode(*xs, hints)  # noqa: E731
             for _ in range(3):
                 call()
             times = []
@@ -312,6 +316,7 @@ def main() -> None:
     variants: dict[str, dict] = {
         "source launches": {},
         "source launches, per-layer residual (before)": {"per_layer_residual": True},
+        "source launches, frames stacked as vLLM hands them": {"stacked": True},
     }
     first_gelu, first_qkv = result.get(f"gelu_quant_{counts[0]}v"), result.get(f"qkv_{counts[0]}v")
     if isinstance(first_gelu, list) and isinstance(first_qkv, list):
