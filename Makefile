@@ -9,6 +9,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The machine's pip configuration may point at local wheels (e.g. a CPU-only torch that the
 # pinned torchvision cannot load beside); the lock file is installed from the package index.
+# The lock installs about 7 GiB (torch's CUDA wheels among them); pip's cache is left off so a
+# fresh machine does not hold every wheel twice.
+NEED_GB ?= 9
 PIP := env PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT= $(PY) -m pip
 export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -18,9 +21,10 @@ help: ## list the targets
 
 # ---- environment -------------------------------------------------------------------------
 $(VENV)/.installed: requirements/cpu.lock plugin/pyproject.toml loadtest/pyproject.toml
+	scripts/check-disk.sh $(NEED_GB)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --no-deps -r requirements/cpu.lock
-	$(PIP) install -q --no-deps -e plugin -e loadtest
+	$(PIP) install -q --no-cache-dir --no-deps -r requirements/cpu.lock
+	$(PIP) install -q --no-cache-dir --no-deps -e plugin -e loadtest
 	touch $@
 
 .PHONY: venv
