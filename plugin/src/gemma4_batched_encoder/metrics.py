@@ -11,7 +11,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-ENCODER_SECONDS_BUCKETS = (
+# One ladder of latency bounds (1-2-3-5-7.5 per decade) for every seconds histogram the plugin
+# exposes, so dashboards can compare their quantiles bucket for bucket.
+SECONDS_LADDER = (
+    0.0005,
     0.001,
     0.002,
     0.003,
@@ -30,7 +33,18 @@ ENCODER_SECONDS_BUCKETS = (
     0.5,
     0.75,
     1.0,
+    1.5,
+    2.0,
 )
+
+
+def seconds_buckets(low: float, high: float) -> tuple[float, ...]:
+    """The ladder's bounds from ``low`` to ``high`` (both on the ladder), inclusive."""
+    return SECONDS_LADDER[SECONDS_LADDER.index(low) : SECONDS_LADDER.index(high) + 1]
+
+
+# 1 ms .. 1 s: one image's encoder call to a burst of 16 videos on a busy GPU.
+ENCODER_SECONDS_BUCKETS = seconds_buckets(0.001, 1.0)
 ITEMS_BUCKETS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 

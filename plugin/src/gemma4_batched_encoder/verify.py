@@ -21,7 +21,7 @@ from . import __version__
 from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
 from .encoder import BatchedVisionEncoder
 from .pooling import pool_batched, pooling_weights
-from .reference import serial_per_item
+from .reference import encoded_buckets, serial_per_item
 from .settings import Settings
 
 
@@ -56,22 +56,12 @@ def pooler_alternatives(
     """Max |diff| vs the per-item pooler, on the same encoder output, of one batched pooler GEMM
     (what the blog saw drift) and two fixed-order gather+sum formulations. Diagnostics only:
     whether this device shows the drift, and whether a GEMM-free order would have matched."""
-    groups: dict[int, list[int]] = {}
-    for i, pv in enumerate(pvs):
-        groups.setdefault(pv.shape[0], []).append(i)
     worst = {"naive_bmm": 0.0, "gather_mul_add": 0.0, "gather_addcmul": 0.0}
     k = vt.config.pooling_kernel_size
     root = vt.pooler.root_hidden_size
     with torch.inference_mode():
-        for idx in groups.values():
-            pv = torch.stack([pvs[i] for i in idx])
-            pp = torch.stack([pps[i] for i in idx])
-            pad = (pp == -1).all(dim=-1)
-            embeds = vt.patch_embedder(pv, pp, pad)
-            hidden = vt.encoder(
-                inputs_embeds=embeds, attention_mask=~pad, pixel_position_ids=pp
-            ).last_hidden_state
-            length = pv.shape[1] // (k * k)
+        for idx, pp, pad, hidden in encoded_buckets(vt, pvs, pps):
+            length = pp.shape[1] // (k * k)
             batched = pool_batched(hidden, pp, pad, length, k, root).to(hidden.dtype)
             masked = hidden.masked_fill(pad.unsqueeze(-1), 0.0)
             for j in range(len(idx)):

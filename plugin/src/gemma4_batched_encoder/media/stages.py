@@ -25,34 +25,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from ..metrics import seconds_buckets
+
 METRIC_NAME = "gemma4_media_preprocess_seconds"
 THREAD_METRIC_NAME = "gemma4_media_preprocess_thread_seconds"  # a counter: exposed with _total
 THREAD_STATES = ("on_cpu", "runnable", "blocked")
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 # 0.5 ms .. 2 s: a 480p frame's resize is ~1 ms, a burst of videos in one API server ~1 s.
-BUCKETS = (
-    0.0005,
-    0.001,
-    0.002,
-    0.003,
-    0.005,
-    0.0075,
-    0.01,
-    0.015,
-    0.02,
-    0.03,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    0.75,
-    1.0,
-    1.5,
-    2.0,
-)
+BUCKETS = seconds_buckets(0.0005, 2.0)
 
 # Stage names (the `stage` label). Keep in sync with bench/MEDIA.md.
 BASE64 = "base64_decode"  # data URL payload -> bytes (VideoMediaIO/ImageMediaIO.load_base64)
