@@ -5,6 +5,12 @@ with the decode overlap's pool preparing each frame beside it (GEMMA4_MEDIA_OVER
 the pool converting with cv2.cvtColor or with its numpy channel swap: the decode thread's wall
 and CPU time, and when the last frame is ready. Needs no vLLM for those.
 
+The decode's floor (`decode_floor`): the same clip through PyAV (another build of FFmpeg), one
+thread, CPU time of the calling thread: decoded to yuv420p planes only (what any route that
+moves the colour conversion and everything after it off the CPU still pays), and to RGB in one
+swscale call, beside OpenCV's calls as vLLM makes them; with whether PyAV's RGB frames equal
+OpenCV's byte for byte.
+
     python bench/decode_breakdown.py --out bench/results/media/cpu-2core-decode-breakdown.json
 
 Clips: the SLO load test's (slo-loadtest's generator, what bench/ttft_gap.py sends), the same
@@ -67,6 +73,50 @@ def calls(data: bytes) -> dict[str, float]:
     out["total"] = sum(out.values())
     out["frames"] = len(frames)
     return out
+
+
+def _thread_ms(fn: Any) -> float:
+    t = time.thread_time()
+    fn()
+    return (time.thread_time() - t) * 1000
+
+
+def _opencv_rgb(data: bytes) -> list[np.ndarray]:
+    cap = cv2.VideoCapture(io.BytesIO(data), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
+    frames = []
+    while cap.grab():
+        frames.append(cv2.cvtColor(cap.retrieve()[1], cv2.COLOR_BGR2RGB))
+    return frames
+
+
+def _pyav(data: bytes, fmt: str) -> list[np.ndarray]:
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type, stream.thread_count = "NONE", 1
+        return [frame.to_ndarray(format=fmt) for frame in container.decode(stream)]
+
+
+def decode_floor(data: bytes, reps: int) -> dict[str, Any]:
+    """CPU ms (calling thread) of OpenCV's decode + conversions against PyAV's decode alone and
+    with one conversion to RGB, interleaved; and whether PyAV's RGB equals OpenCV's."""
+    ways = {
+        "opencv_grab_retrieve_rgb": lambda: _opencv_rgb(data),
+        "pyav_rgb24": lambda: _pyav(data, "rgb24"),
+        "pyav_yuv420p_planes": lambda: _pyav(data, "yuv420p"),
+    }
+    for fn in ways.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(reps):
+        for name, fn in ways.items():
+            times[name].append(_thread_ms(fn))
+    a, b = _opencv_rgb(data), _pyav(data, "rgb24")
+    same = len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    return {name: round(statistics.median(t), 2) for name, t in times.items()} | {
+        "pyav_rgb_equals_opencv": same
+    }
 
 
 @functools.cache
@@ -163,6 +213,9 @@ def main() -> None:
             beside[label] = {k: round(statistics.median(r[k] for r in rs), 2) for k in rs[0]}
         result["clips"][name]["overlap_pool_beside"] = beside
         print("  decode beside the overlap pool (ms):", beside)
+        floor = decode_floor(data, args.reps)
+        result["clips"][name]["decode_floor_cpu_ms"] = floor
+        print("  decode floor (CPU ms of the thread):", floor)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
