@@ -270,6 +270,47 @@ VALUES = obj(
             },
             required=["type", "port"],
         ),
+        "ingress": obj(
+            {
+                "enabled": boolean(),
+                "className": string(pattern=NAME_PATTERN),
+                "annotations": strmap(),
+                "hosts": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": obj(
+                        {
+                            "host": string("DNS name; empty = any host"),
+                            "paths": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": obj(
+                                    {
+                                        "path": string(pattern="^/"),
+                                        "pathType": {
+                                            "type": "string",
+                                            "enum": ["Prefix", "Exact", "ImplementationSpecific"],
+                                        },
+                                    },
+                                    required=["path", "pathType"],
+                                ),
+                            },
+                        },
+                        required=["paths"],
+                    ),
+                },
+                "tls": array(
+                    items=obj(
+                        {
+                            "hosts": array(items={"type": "string"}),
+                            "secretName": string(pattern=SECRET_NAME_PATTERN),
+                        },
+                        required=["secretName"],
+                    )
+                ),
+            },
+            required=["enabled"],
+        ),
         "podDisruptionBudget": obj(
             {
                 "enabled": boolean(),

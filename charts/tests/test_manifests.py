@@ -426,6 +426,33 @@ def test_pdb_and_network_policy():
     assert not by_kind(render("default"), "NetworkPolicy")  # opt-in
 
 
+def test_ingress_routes_only_the_api_to_the_service():
+    docs = render("autoscaling-multi-replica")
+    ingress = one(docs, "Ingress")
+    service = one(docs, "Service")
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == "nginx"
+    assert spec["tls"] == [{"hosts": ["gemma4.example.com"], "secretName": "gemma4-tls"}]
+    assert (
+        ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    )
+    (rule,) = spec["rules"]
+    assert rule["host"] == "gemma4.example.com"
+    (path,) = rule["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/v1", "Prefix")  # not /metrics, not /health
+    backend = path["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    assert not by_kind(render("default"), "Ingress")  # opt-in
+
+
+def test_ingress_without_a_host_matches_any_host_and_the_default_class():
+    (rule,) = one(render("default", sets=("ingress.enabled=true",)), "Ingress")["spec"]["rules"]
+    assert "host" not in rule
+    spec = one(render("default", sets=("ingress.enabled=true",)), "Ingress")["spec"]
+    assert "ingressClassName" not in spec and "tls" not in spec
+
+
 def loadtest_jobs(docs: list[dict]) -> dict[str, dict]:
     jobs = {}
     for job in by_kind(docs, "Job"):

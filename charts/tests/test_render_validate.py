@@ -102,6 +102,7 @@ def test_rendered_objects_valid_for_kubernetes(profile, kube, api):
             "ConfigMap",
             "PodDisruptionBudget",
             "NetworkPolicy",
+            "Ingress",
             "HorizontalPodAutoscaler",
             "Job",
         }

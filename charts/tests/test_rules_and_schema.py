@@ -167,6 +167,8 @@ BAD_VALUES = [
     ("loadtest.job.activeDeadlineSeconds=5", "/loadtest/job/activeDeadlineSeconds", "minimum"),
     ("loadtest.extraBody=5", "/loadtest/extraBody", "got number, want object"),
     ("server.pluginEnv.GEMMA4_X={a}", "/server/pluginEnv/GEMMA4_X", "got array"),
+    ("ingress.hosts[0].paths[0].path=v1", "/ingress/hosts/0/paths/0/path", "does not match"),
+    ("ingress.tls[0].hosts[0]=a", "/ingress/tls/0", "missing property 'secretName'"),
     (
         "modelCache.accessModes={ReadWriteSometimes}",
         "/modelCache/accessModes/0",
@@ -208,10 +210,16 @@ CROSS_FIELD = [
         "podDisruptionBudget: set maxUnavailable or minAvailable",
     ),
     (("modelCache.enabled=false", "modelCache.existingClaim=w"), "modelCache.existingClaim is set"),
+    (
+        ("ingress.enabled=true", "networkPolicy.enabled=true"),
+        "add the ingress controller's namespace to networkPolicy.ingressFrom",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("sets", "message"), CROSS_FIELD, ids=["replicas", "pdb", "claim"])
+@pytest.mark.parametrize(
+    ("sets", "message"), CROSS_FIELD, ids=["replicas", "pdb", "claim", "ingress-netpol"]
+)
 def test_cross_field_checks(sets, message):
     args = [a for s in sets for a in ("--set", s)]
     proc = helm("template", RELEASE, str(CHART), *args, check=False)
