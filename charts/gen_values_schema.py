@@ -311,6 +311,38 @@ VALUES = obj(
             },
             required=["enabled"],
         ),
+        "httpRoute": obj(
+            {
+                "enabled": boolean(),
+                "parentRefs": array(
+                    items=obj(
+                        {
+                            "group": string(),
+                            "kind": string(),
+                            "name": string(pattern=SECRET_NAME_PATTERN, minLength=1),
+                            "namespace": string(pattern=NAME_PATTERN),
+                            "sectionName": string(pattern=SECRET_NAME_PATTERN),
+                            "port": integer(minimum=1, maximum=65535),
+                        },
+                        required=["name"],
+                    )
+                ),
+                "hostnames": array(items={"type": "string"}),
+                "pathPrefixes": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": string(pattern="^/"),
+                },
+                "timeouts": obj(
+                    {
+                        "request": string(pattern=r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"),
+                        "backendRequest": string(pattern=r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"),
+                    }
+                ),
+                "annotations": strmap(),
+            },
+            required=["enabled"],
+        ),
         "podDisruptionBudget": obj(
             {
                 "enabled": boolean(),

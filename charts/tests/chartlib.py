@@ -30,9 +30,11 @@ RULES = DASHBOARDS / "rules"
 INSTALL_HINT = "run `scripts/install-tools.sh` (installs helm, kubectl, npm validators, promtool)"
 
 KUBE_VERSIONS = ("1.29.0", "1.37.0")
+# Both variants serve the Gateway API (the no-prometheus-operator profile routes through it).
+GATEWAY_API = "gateway.networking.k8s.io/v1/HTTPRoute"
 API_VARIANTS: dict[str, tuple[str, ...]] = {
-    "no-operator": (),
-    "operator": ("monitoring.coreos.com/v1",),
+    "no-operator": (GATEWAY_API,),
+    "operator": ("monitoring.coreos.com/v1", GATEWAY_API),
 }
 PROFILES = tuple(
     sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))

@@ -9,12 +9,14 @@ import pytest
 import yaml
 from chartlib import (
     API_VARIANTS,
+    CHART,
     FULLNAME,
     NAMESPACE,
     PROFILES,
     RELEASE,
     by_kind,
     deployment_container,
+    helm,
     one,
     profile_file,
     render,
@@ -451,6 +453,41 @@ def test_ingress_without_a_host_matches_any_host_and_the_default_class():
     assert "host" not in rule
     spec = one(render("default", sets=("ingress.enabled=true",)), "Ingress")["spec"]
     assert "ingressClassName" not in spec and "tls" not in spec
+
+
+def test_http_route_attaches_the_api_to_the_gateway():
+    docs = render("no-prometheus-operator")
+    route = one(docs, "HTTPRoute")
+    service = one(docs, "Service")
+    spec = route["spec"]
+    assert spec["parentRefs"] == [
+        {"name": "public", "namespace": "gateway-system", "sectionName": "https"}
+    ]
+    assert spec["hostnames"] == ["gemma4.example.com"]
+    (rule,) = spec["rules"]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    assert rule["timeouts"] == {"request": "600s"}
+    assert rule["backendRefs"] == [
+        {"name": service["metadata"]["name"], "port": service["spec"]["ports"][0]["port"]}
+    ]
+    assert not by_kind(render("default"), "HTTPRoute")  # opt-in
+
+
+def test_http_route_needs_the_gateway_api_and_a_parent():
+    """A cluster without the Gateway API CRDs, or a route with nowhere to attach, fails at
+    install with a message that says what to do (not Kubernetes' 'no matches for kind')."""
+    sets = ("--set", "httpRoute.enabled=true", "--set", "httpRoute.parentRefs[0].name=gw")
+    proc = helm("template", RELEASE, str(CHART), *sets, check=False)
+    assert proc.returncode != 0
+    assert "does not serve gateway.networking.k8s.io/v1 HTTPRoute" in proc.stderr, proc.stderr
+    api = ("--api-versions", "gateway.networking.k8s.io/v1/HTTPRoute")
+    proc = helm(
+        "template", RELEASE, str(CHART), *api, "--set", "httpRoute.enabled=true", check=False
+    )
+    assert proc.returncode != 0
+    assert "set httpRoute.parentRefs" in proc.stderr, proc.stderr
+    rendered = helm("template", RELEASE, str(CHART), *api, *sets).stdout
+    assert one([d for d in yaml.safe_load_all(rendered) if d], "HTTPRoute")
 
 
 def loadtest_jobs(docs: list[dict]) -> dict[str, dict]:

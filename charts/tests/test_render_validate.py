@@ -29,7 +29,7 @@ from chartlib import (
     require_tool,
 )
 
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject", "HTTPRoute"}
 COMBOS = [(p, k, a) for p in PROFILES for k in KUBE_VERSIONS for a in API_VARIANTS]
 
 
@@ -126,6 +126,9 @@ def crd_results(tmp_path_factory):
         NODE_DIR / "node_modules" / "@kubernetes-models" / "prometheus-operator", "npm models"
     )
     require_tool(NODE_DIR / "node_modules" / "@kubernetes-models" / "keda", "npm KEDA models")
+    require_tool(
+        NODE_DIR / "node_modules" / "@kubernetes-models" / "gateway-api", "npm Gateway API models"
+    )
     tmp = tmp_path_factory.mktemp("crds")
     files = {}
     for profile, kube, api in COMBOS:
@@ -133,8 +136,11 @@ def crd_results(tmp_path_factory):
         path.write_text(render_text(profile, kube, api))
         files[(profile, kube, api)] = str(path)
     # negative controls: a ServiceMonitor whose endpoints is not a list, a PrometheusRule whose
-    # rule has no expr, a ScaledObject without scaleTargetRef
-    docs = render("autoscaling-multi-replica", "1.37.0", "operator")
+    # rule has no expr, a ScaledObject without scaleTargetRef, an HTTPRoute whose backend port
+    # is a name (the Gateway API wants the Service's port number)
+    docs = render("autoscaling-multi-replica", "1.37.0", "operator") + by_kind(
+        render("no-prometheus-operator", "1.37.0", "operator"), "HTTPRoute"
+    )
     bad = []
     for doc in docs:
         d = copy.deepcopy(doc)
@@ -144,6 +150,8 @@ def crd_results(tmp_path_factory):
             d["spec"]["groups"] = [{"name": "g", "rules": [{"record": "x"}]}]
         elif d["kind"] == "ScaledObject":
             del d["spec"]["scaleTargetRef"]
+        elif d["kind"] == "HTTPRoute":
+            d["spec"]["rules"][0]["backendRefs"][0]["port"] = "http"
         else:
             continue
         bad.append(d)

@@ -289,6 +289,11 @@ def test_notes_commands_match_rendered_objects(profile):
     assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
     assert f"slo-loadtest k8s fetch -n {NAMESPACE} --release {RELEASE}" in notes
     assert "/results" in notes and 'le="0.3"' in notes
+    ingress = by_kind(docs, "Ingress")
+    for rule in ingress[0]["spec"]["rules"] if ingress else []:
+        for path in rule["http"]["paths"]:
+            assert f"Ingress: https://{rule['host']}{path['path']}" in notes
+    assert bool(ingress) == ("Ingress:" in notes)
 
 
 def test_notes_warn_without_token_and_follow_metrics_mode():

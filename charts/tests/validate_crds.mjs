@@ -1,7 +1,7 @@
 // Validate custom resources (ServiceMonitor, PrometheusRule, PodMonitor, ScaledObject,
-// TriggerAuthentication) against the schemas generated from the operators' Go types, shipped in
-// the npm packages @kubernetes-models/prometheus-operator and @kubernetes-models/keda (installed
-// into .tools/node by scripts/install-tools.sh).
+// TriggerAuthentication, HTTPRoute) against the schemas generated from the projects' CRDs,
+// shipped in the npm packages @kubernetes-models/prometheus-operator, @kubernetes-models/keda and
+// @kubernetes-models/gateway-api (installed into .tools/node by scripts/install-tools.sh).
 //
 // Usage: node validate_crds.mjs FILE.yaml...   (multi-document YAML files)
 // Prints one JSON object: {FILE: {"checked": [{"kind", "name"}], "errors": [{"kind", "name",
@@ -26,6 +26,7 @@ const monitoring = await load(
   "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/index.js",
 );
 const keda = await load("@kubernetes-models/keda/keda.sh/v1alpha1/index.js");
+const gateway = await load("@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/index.js");
 
 const models = {
   "monitoring.coreos.com/v1/ServiceMonitor": monitoring.ServiceMonitor,
@@ -33,6 +34,7 @@ const models = {
   "monitoring.coreos.com/v1/PrometheusRule": monitoring.PrometheusRule,
   "keda.sh/v1alpha1/ScaledObject": keda.ScaledObject,
   "keda.sh/v1alpha1/TriggerAuthentication": keda.TriggerAuthentication,
+  "gateway.networking.k8s.io/v1/HTTPRoute": gateway.HTTPRoute,
 };
 
 function check(text) {
