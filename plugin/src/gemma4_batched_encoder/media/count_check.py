@@ -16,6 +16,13 @@ an mp4 edit list), or anything raises, vLLM's own `decode_opencv` runs again fro
 its result (or error) is returned. Same frames, metadata and indices; CPU time unchanged plus one
 capture open (~0.5 ms); wall time about the longer of the two.
 
+Most videos need no check at all: where the mp4's sample table vouches for the header's count
+(`mp4_plain`: one video track, constant frame duration, no edit that hides frames, nothing
+truncated) and the decode itself read every frame up to the last one the table lists (the seek
+would land there), the check cannot correct, so it is not run, and the clip costs one decode of
+CPU instead of two (the SLO's clip: every frame is sampled). Otherwise it runs as above. The
+outcomes are counted (`gemma4_media_frame_count_check_total{outcome}`).
+
 Captures are never `release()`d explicitly, as vLLM does not: with OpenCV 5.0's Python-stream
 captures, an explicit release in one thread while another thread decodes crashed the process
 (segfault, reproduced here); dropping the last reference, as vLLM's own 8 media threads do, did
@@ -34,6 +41,8 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from . import mp4_plain, stages
 
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
@@ -72,24 +81,39 @@ def checked_source(mixin: Any, data: bytes) -> Any:
 
 def _overlapped(module: Any, loader_cls: Any, data: bytes, target: Any, sampling_kwargs: dict,
                 frame_recovery: bool) -> tuple[Any, ...] | None:  # fmt: skip
-    """vLLM's decode with the check on another capture; None when vLLM's own must run."""
+    """vLLM's decode with the check on another capture, or without it where the container and
+    the decode itself show it cannot correct (`mp4_plain`); None when vLLM's own must run."""
     mixin = module.OpenCVVideoBackendMixin
     cv2 = module.cv2
     cap = mixin.open_video_capture(data)
     module.check_frame_pixel_limit(
         int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
     )
-    checked = _pool.submit(checked_source, mixin, data)
-    source = loader_cls._prepare_source(header_source(module, cap))
+    header = header_source(module, cap)
+    plain = not frame_recovery and mp4_plain.frame_count(data) == header.total_frames_num > 0
+    checked = None if plain else _pool.submit(checked_source, mixin, data)
+    source = loader_cls._prepare_source(header)
     frame_idx = loader_cls.compute_frames_index_to_sample(
         source=source, target=target, **sampling_kwargs
     )
     frames, valid = loader_cls.read_frames(
         cap, frame_idx, total_frames_num=source.total_frames_num, frame_recovery=frame_recovery
     )
-    if loader_cls._prepare_source(checked.result()) != source:
+    if plain and decoded_to_the_end(frame_idx, valid, source.total_frames_num):
+        stages.count_check("skipped")
+        return frames, source, frame_idx, valid
+    result = checked.result() if checked is not None else checked_source(mixin, data)
+    if loader_cls._prepare_source(result) != source:
+        stages.count_check("corrected")
         return None  # the check corrected the header: vLLM samples over its count
+    stages.count_check("beside")
     return frames, source, frame_idx, valid
+
+
+def decoded_to_the_end(frame_idx: list[int], valid: list[int], total: int) -> bool:
+    """Every sampled frame was read, the container's last among them: the decoder presented
+    every frame the sample table lists, so a seek to the end lands on the last one."""
+    return bool(frame_idx) and max(frame_idx) == total - 1 and len(valid) == len(set(frame_idx))
 
 
 def install(enabled: Callable[[], bool]) -> bool:

@@ -30,6 +30,10 @@ from ..metrics import seconds_buckets
 METRIC_NAME = "gemma4_media_preprocess_seconds"
 THREAD_METRIC_NAME = "gemma4_media_preprocess_thread_seconds"  # a counter: exposed with _total
 THREAD_STATES = ("on_cpu", "runnable", "blocked")
+COUNT_CHECK_METRIC_NAME = "gemma4_media_frame_count_check"  # a counter: exposed with _total
+# vLLM 0.27+'s frame-count check (media/count_check.py): not needed (the container and the decode
+# vouch for the header), run beside the decode and agreeing, or correcting the header.
+COUNT_CHECK_OUTCOMES = ("skipped", "beside", "corrected")
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 # 0.5 ms .. 2 s: a 480p frame's resize is ~1 ms, a burst of videos in one API server ~1 s.
 BUCKETS = seconds_buckets(0.0005, 2.0)
@@ -82,6 +86,26 @@ def thread_counter() -> Any:
             ["stage", "state"],
         ),
     )
+
+
+def count_check_counter() -> Any:
+    from prometheus_client import Counter
+
+    return _once(
+        COUNT_CHECK_METRIC_NAME,
+        lambda: Counter(
+            COUNT_CHECK_METRIC_NAME,
+            "Gemma 4 media: vLLM's video frame-count check by outcome (skipped = the mp4's sample "
+            "table and the decode vouch for the header; beside = run beside the decode; "
+            "corrected = the header overstated the frames and vLLM's own decode ran).",
+            ["outcome"],
+        ),
+    )
+
+
+def count_check(outcome: str) -> None:
+    with contextlib.suppress(Exception):  # metrics must never fail a request
+        count_check_counter().labels(outcome=outcome).inc()
 
 
 def observe(stage: str, seconds: float) -> None:
