@@ -883,6 +883,26 @@ def encoder_dashboard() -> dict[str, Any]:
         ),
         w=12,
     )
+    b.add(
+        timeseries(
+            "Video frame-count check / s by outcome (vLLM 0.27+)",
+            "vLLM 0.27+ cross-checks each video's header frame count by seeking to its end, "
+            "a second decode of a short clip (gemma4_media_frame_count_check_total{outcome}): "
+            "skipped = the mp4's sample table and the decode vouch for the header, so the "
+            "check is not run; beside = run beside the decode; corrected = the header "
+            "overstated the frames (e.g. an edit list from a trim) and vLLM's own decode ran "
+            "again. Shows 0 before the first video and on vLLM 0.20-0.26 (no check).",
+            [
+                (
+                    "sum by (outcome) (rate("
+                    f"gemma4_media_frame_count_check_total{{{p}}}[{RATE}])) or on() vector(0)",
+                    "{{outcome}}",
+                )
+            ],
+            "short",
+        ),
+        w=12,
+    )
     b.row("Correctness and fallbacks")
     b.add(
         timeseries(
