@@ -193,10 +193,31 @@ VALUES = obj(
                     required=["enabled"],
                 ),
                 "extraEnv": ref("envList"),
+                "envFrom": array("EnvFromSource objects (configMapRef / secretRef)"),
+                "extraVolumeMounts": array(
+                    "VolumeMount objects of the vLLM container",
+                    obj(
+                        {"name": string(minLength=1), "mountPath": string(pattern="^/")},
+                        required=["name", "mountPath"],
+                        addl=True,
+                    ),
+                ),
                 "shmSizeLimit": ref("quantity"),
                 "preStopSleepSeconds": integer("preStop sleep (s); 0 = none"),
             },
             required=["port", "command", "apiKey"],
+        ),
+        "extraVolumes": array(
+            "Pod Volume objects",
+            obj({"name": string(minLength=1)}, required=["name"], addl=True),
+        ),
+        "initContainers": array(
+            "Init Container objects",
+            obj({"name": string(minLength=1)}, required=["name"], addl=True),
+        ),
+        "extraContainers": array(
+            "Sidecar Container objects",
+            obj({"name": string(minLength=1)}, required=["name"], addl=True),
         ),
         "replicaCount": integer("Replicas when autoscaling is off"),
         "strategy": obj(

@@ -428,6 +428,31 @@ def test_pdb_and_network_policy():
     assert not by_kind(render("default"), "NetworkPolicy")  # opt-in
 
 
+def test_extra_volumes_env_and_containers_pass_through():
+    spec = pod_spec(one(render("autoscaling-multi-replica"), "Deployment"))
+    (init,) = spec["initContainers"]
+    assert init["name"] == "fetch-weights"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    # the init container fills the chart's own model cache; the extra volume sits beside it
+    assert {m["name"] for m in init["volumeMounts"]} <= volumes.keys()
+    assert volumes["corp-ca"] == {"name": "corp-ca", "configMap": {"name": "corp-ca-bundle"}}
+    (vllm,) = spec["containers"]
+    assert {"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True} in vllm[
+        "volumeMounts"
+    ]
+    assert vllm["envFrom"] == [{"configMapRef": {"name": "egress-proxy"}}]
+    default = pod_spec(one(render("default"), "Deployment"))
+    assert "initContainers" not in default and len(default["containers"]) == 1
+    assert "envFrom" not in default["containers"][0]
+    sidecar = pod_spec(
+        one(
+            render("default", sets=("extraContainers[0].name=log", "extraContainers[0].image=x")),
+            "Deployment",
+        )
+    )
+    assert [c["name"] for c in sidecar["containers"]] == ["vllm", "log"]
+
+
 def test_ingress_routes_only_the_api_to_the_service():
     docs = render("autoscaling-multi-replica")
     ingress = one(docs, "Ingress")
@@ -486,6 +511,10 @@ def test_http_route_needs_the_gateway_api_and_a_parent():
     )
     assert proc.returncode != 0
     assert "set httpRoute.parentRefs" in proc.stderr, proc.stderr
+    netpol = ("--set", "networkPolicy.enabled=true")
+    proc = helm("template", RELEASE, str(CHART), *api, *sets, *netpol, check=False)
+    assert proc.returncode != 0
+    assert "add the Gateway's namespace to networkPolicy.ingressFrom" in proc.stderr, proc.stderr
     rendered = helm("template", RELEASE, str(CHART), *api, *sets).stdout
     assert one([d for d in yaml.safe_load_all(rendered) if d], "HTTPRoute")
 

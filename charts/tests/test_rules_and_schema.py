@@ -211,6 +211,14 @@ CROSS_FIELD = [
     ),
     (("modelCache.enabled=false", "modelCache.existingClaim=w"), "modelCache.existingClaim is set"),
     (
+        ("extraVolumes[0].name=tmp", "extraVolumes[0].emptyDir.medium=Memory"),
+        'extraVolumes: "tmp" is the chart\'s own volume name',
+    ),
+    (
+        ("server.extraVolumeMounts[0].name=ca", "server.extraVolumeMounts[0].mountPath=/ca"),
+        'server.extraVolumeMounts: no volume named "ca"',
+    ),
+    (
         ("ingress.enabled=true", "networkPolicy.enabled=true"),
         "add the ingress controller's namespace to networkPolicy.ingressFrom",
     ),
@@ -218,7 +226,9 @@ CROSS_FIELD = [
 
 
 @pytest.mark.parametrize(
-    ("sets", "message"), CROSS_FIELD, ids=["replicas", "pdb", "claim", "ingress-netpol"]
+    ("sets", "message"),
+    CROSS_FIELD,
+    ids=["replicas", "pdb", "claim", "volume-name", "mount-volume", "ingress-netpol"],
 )
 def test_cross_field_checks(sets, message):
     args = [a for s in sets for a in ("--set", s)]
