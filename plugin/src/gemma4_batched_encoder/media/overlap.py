@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .env import thread_count
+from .stages import labelled_counter
 
 ENV_OVERLAP_THREADS = "GEMMA4_MEDIA_OVERLAP_THREADS"
 VIDEO_SOFT_TOKENS = 70  # vLLM's Gemma 4: _VIDEO_MAX_SOFT_TOKENS, 0.20 through 0.33
@@ -295,22 +296,9 @@ def wrap_capture(cap: Any) -> Any:
     return OverlapCapture(cap, frames, lambda: _overlap is frames and fast_path_enabled())
 
 
-def counter() -> Any:
-    from prometheus_client import Counter
-
-    from .stages import _once
-
-    return _once(
-        METRIC_NAME,
-        lambda: Counter(
-            METRIC_NAME,
-            "Gemma 4 video frames the image processor took prepared by the decode overlap "
-            "(prepared) or computed itself (missed).",
-            ["result"],
-        ),
-    )
-
-
-def count(result: str) -> None:
-    with contextlib.suppress(Exception):  # metrics must never fail a request
-        counter().labels(result=result).inc()
+count = labelled_counter(
+    METRIC_NAME,
+    "Gemma 4 video frames the image processor took prepared by the decode overlap (prepared) or "
+    "computed itself (missed).",
+    "result",
+)

@@ -88,24 +88,27 @@ def thread_counter() -> Any:
     )
 
 
-def count_check_counter() -> Any:
-    from prometheus_client import Counter
+def labelled_counter(name: str, documentation: str, label: str) -> Callable[[str], None]:
+    """An increment for a one-label counter, created on first use; it never raises (metrics
+    must never fail a request)."""
 
-    return _once(
-        COUNT_CHECK_METRIC_NAME,
-        lambda: Counter(
-            COUNT_CHECK_METRIC_NAME,
-            "Gemma 4 media: vLLM's video frame-count check by outcome (skipped = the mp4's sample "
-            "table and the decode vouch for the header; beside = run beside the decode; "
-            "corrected = the header overstated the frames and vLLM's own decode ran).",
-            ["outcome"],
-        ),
-    )
+    def inc(value: str) -> None:
+        with contextlib.suppress(Exception):
+            from prometheus_client import Counter
+
+            metric = _once(name, lambda: Counter(name, documentation, [label]))
+            metric.labels(**{label: value}).inc()
+
+    return inc
 
 
-def count_check(outcome: str) -> None:
-    with contextlib.suppress(Exception):  # metrics must never fail a request
-        count_check_counter().labels(outcome=outcome).inc()
+count_check = labelled_counter(
+    COUNT_CHECK_METRIC_NAME,
+    "Gemma 4 media: vLLM's video frame-count check by outcome (skipped = the mp4's sample table "
+    "and the decode vouch for the header; beside = run beside the decode; corrected = the header "
+    "overstated the frames and vLLM's own decode ran).",
+    "outcome",
+)
 
 
 def observe(stage: str, seconds: float) -> None:
