@@ -298,3 +298,22 @@ def test_truncated_or_fragmented_containers_are_not_vouched_for():
     assert mp4_plain.frame_count(data[: moov + 100]) is None  # cut inside the index
     assert mp4_plain.frame_count(b"\x00\x00\x00\x18ftypmp42 not a video") is None
     assert mp4_plain.frame_count(data.replace(b"mvhd", b"mvex", 1)) is None
+
+
+def test_mangled_containers_never_raise_or_blow_up():
+    """Client bytes reach mp4_plain before any decoder: byte flips, huge counts and cuts
+    anywhere in the index give an answer or None, never an exception or a huge allocation."""
+    rng = np.random.default_rng(0)
+    data = media_files.mp4_bytes(6, 160, 120, seed=4)
+    moov = data.find(b"moov") - 4
+    for _ in range(400):
+        mangled = bytearray(data)
+        for at in rng.integers(moov, len(data), size=int(rng.integers(1, 8))):
+            mangled[at] = int(rng.integers(0, 256))
+        assert mp4_plain.frame_count(bytes(mangled)) in (None, 6)
+    stsz = _box(data, b"stsz")
+    huge = bytearray(data)
+    struct.pack_into(">II", huge, stsz + 4, 1, 0xFFFFFFFF)  # fixed size 1, 4 billion samples
+    assert mp4_plain.frame_count(bytes(huge)) is None
+    for cut in range(moov, len(data), 7):
+        assert mp4_plain.frame_count(data[:cut]) is None

@@ -103,6 +103,8 @@ def _sample_sizes(data: bytes, stbl: tuple[int, int]) -> list[int]:
     _, p = _full_box(data, s)
     size, count = struct.unpack_from(">II", data, p)
     if size:
+        if size * count > len(data):  # cannot all be inside (and no huge list from a bad count)
+            raise NotPlain("stsz lists more bytes than the data holds")
         return [size] * count
     if p + 8 + 4 * count > e:
         raise NotPlain("stsz overruns its box")
