@@ -9,8 +9,9 @@ video track's sample count when nothing of that kind can happen:
 - one video track, not fragmented (no `mvex`): the sample table is the whole stream;
 - constant frame duration (one `stts` entry), so a frame's position is its timestamp over that
   duration (how OpenCV's FFmpeg backend numbers frames after a seek);
-- no edit that hides frames: no edit list, or one edit at rate 1 whose start is the first frame's
-  composition offset (what muxers write for B-frame delay) and that lasts the whole track;
+- no edit that hides frames: one edit at rate 1 whose start is the first frame's composition
+  offset (what muxers write for B-frame delay) and that lasts the whole track, or no edit list
+  and no B-frame delay;
 - every sample's bytes inside the data (not truncated).
 
 Otherwise None, and vLLM's check runs. The count is only half of the argument: the caller also
@@ -151,11 +152,10 @@ def _edits_hide_nothing(
     data: bytes, trak: tuple[int, int], stbl: tuple[int, int], media_duration: int, media_scale: int
 ) -> bool:
     found = _child(data, *trak, b"edts")
-    if found is None:
-        return True
-    elst = _child(data, *found, b"elst")
+    elst = _child(data, *found, b"elst") if found is not None else None
     if elst is None:
-        return True
+        # no edit: only vouched for without a B-frame delay (untested timelines otherwise)
+        return _first_composition_offset(data, stbl) == 0
     version, p = _full_box(data, elst[0])
     rows = _table(data, p, elst[1], ">QqhH" if version else ">IihH")
     if len(rows) != 1:
