@@ -99,7 +99,7 @@ def _overlapped(module: Any, loader_cls: Any, data: bytes, target: Any, sampling
     frames, valid = loader_cls.read_frames(
         cap, frame_idx, total_frames_num=source.total_frames_num, frame_recovery=frame_recovery
     )
-    if plain and decoded_to_the_end(frame_idx, valid, source.total_frames_num):
+    if plain and decoded_to_the_end(frame_idx, valid, header.total_frames_num):
         stages.count_check("skipped")
         return frames, source, frame_idx, valid
     result = checked.result() if checked is not None else checked_source(mixin, data)
