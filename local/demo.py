@@ -67,6 +67,9 @@ def sweep(server: stack.VllmServer, out: Path, rates: str, seconds: float) -> in
         "--warmup", "2",
         # 2-core CPU: small videos keep the client ahead of the target rate
         "--video-frames", "2", "--video-width", "160", "--video-height", "120",
+        # random weights can emit special tokens, which vLLM drops from streamed text: keep
+        # them, so every request's first token is seen (TTFT, ITL)
+        "--extra-body", '{"skip_special_tokens": false}',
         "--out", str(out),
     ]  # fmt: skip
     print("  $", " ".join(argv))
