@@ -7,12 +7,16 @@ On a GPU (torch + triton + transformers, no vLLM), E4B vision dims, bf16, 6-fram
 2. ``qkv_norm_rope`` (qkv_kernel.py) for row blocks x warps x one program per head or per row
    block (all heads: the rows' cos/sin read once): time, and the largest difference from the
    default launch;
-3. attention as the merged layer calls it (SDPA on q/k/v transposed from [B, L, H, D]) per SDPA
+3. ``add_norm_quant`` (fp8_quant.py; ``merged-triton-fp8-norms``) for rows a program x warps:
+   time, bandwidth, and whether the launch gives the default's bytes (the row sums' order may
+   differ with the launch);
+4. attention as the merged layer calls it (SDPA on q/k/v transposed from [B, L, H, D]) per SDPA
    backend, and with contiguous [B, H, L, D] inputs;
-4. the whole fast pass as served (``merged-triton-fp8``, CUDA graphs, the frames' token counts
+5. the whole fast pass as served (``merged-triton-fp8``, CUDA graphs, the frames' token counts
    from the host) with the launches in the source, the fastest launches found above, the layer
-   boundary of before (each layer closing its own post-FFW residual), and the frames as one
-   stacked tensor instead of a list: wall time side by side in one process, and a profile of
+   boundary of before (each layer closing its own post-FFW residual), the frames as one
+   stacked tensor instead of a list, and ``merged-triton-fp8-norms`` (source and fastest
+   launches): wall time side by side in one process, and a profile of
    each call's CPU span against its kernels (the time the GPU waits, the kernel count, the
    longest gaps).
 
@@ -93,6 +97,33 @@ def tune_gelu_quant(rows_total: int, width: int) -> list[dict]:
     return out
 
 
+def tune_norm_quant(rows_total: int, width: int) -> list[dict]:
+    """Residual add + RMS norm + quantize (merged-triton-fp8-norms), with a branch as in every
+    call but the first layer's."""
+    x, branch = (torch.randn(rows_total, width, device=DEVICE).to(torch.bfloat16) for _ in "xb")
+    bw, nw = (torch.rand(width, device=DEVICE).to(torch.bfloat16) + 0.5 for _ in "bn")
+    ref = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6)
+    moved = rows_total * width * (2 + 2 + 2 + 1) + rows_total * 4  # x, branch in; x, q, scale out
+    out = []
+    for rows, warps in [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]:
+        got = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, rows, warps)
+        ms = gpu_ms(
+            lambda r=rows, w=warps: fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, r, w)
+        )
+        out.append(
+            {
+                "rows": rows,
+                "warps": warps,
+                "ms": round(ms, 4),
+                "tb_s": round(moved / ms / 1e9, 2),
+                "same_bytes": torch.equal(got[0], ref[0])
+                and torch.equal(got[1].view(torch.uint8), ref[1].view(torch.uint8))
+                and torch.equal(got[2], ref[2]),
+            }
+        )
+    return out
+
+
 def tune_qkv(items: int, length: int, heads: int, dim: int) -> list[dict]:
     qkv = torch.randn(items, length, 3 * heads * dim, device=DEVICE).to(torch.bfloat16)
     angles = torch.rand(items, length, dim, device=DEVICE) * 6.28
@@ -167,18 +198,16 @@ def _fastest(rows: list[dict], keys: tuple[str, ...], ok: Callable[[dict], bool]
     return {k: best[k] for k in keys}
 
 
-def _encoder(vt: torch.nn.Module, per_layer_residual: bool) -> BatchedVisionEncoder:
+def _encoder(
+    vt: torch.nn.Module, per_layer_residual: bool, kernels: str = "merged-triton-fp8"
+) -> BatchedVisionEncoder:
     settings = replace(
-        Settings.from_env(),
-        mode="fast",
-        cuda_graphs=True,
-        fused="on",
-        fast_kernels="merged-triton-fp8",
+        Settings.from_env(), mode="fast", cuda_graphs=True, fused="on", fast_kernels=kernels
     )
     enc = BatchedVisionEncoder(vt, settings)
     layers = enc.fast_layers(torch.device(DEVICE), torch.bfloat16)
     if not isinstance(layers, fast_layers.MergedLayers):
-        raise RuntimeError(f"merged-triton-fp8 did not build here ({type(layers).__name__})")
+        raise RuntimeError(f"{kernels} did not build here ({type(layers).__name__})")
     if per_layer_residual:  # before: every layer closes its own post-FFW residual
         compiled = fast_layers._compiled()
 
@@ -246,7 +275,9 @@ def whole_pass(vt: torch.nn.Module, videos: int, variants: dict[str, dict]) -> l
     rows = []
     for name, v in variants.items():
         with launch_config.overridden(v.get("launches", {})):
-            enc = _encoder(vt, v.get("per_layer_residual", False))
+            enc = _encoder(
+                vt, v.get("per_layer_residual", False), v.get("kernels", "merged-triton-fp8")
+            )
             # a list of frames (as the bench CLI passes them) or one stacked tensor (as vLLM
             # hands video frames: fast mode then slices views of it)
             xs = (torch.stack(pv), torch.stack(pp)) if v.get("stacked") else (pv, pp)
@@ -268,8 +299,9 @@ def whole_pass(vt: torch.nn.Module, videos: int, variants: dict[str, dict]) -> l
                     "wall_min_ms": round(min(times), 3),
                     "launches": {
                         k: launch_config.launch(k, torch.device(DEVICE))
-                        for k in ("gelu_quant", "qkv")
+                        for k in ("gelu_quant", "qkv", "norm_quant")
                     },
+                    "kernels": v.get("kernels", "merged-triton-fp8"),
                     "timeline": _timeline(enc, call, 5),
                 }
             )
@@ -310,6 +342,7 @@ def main() -> None:
             result, f"gelu_quant_{videos}v", tune_gelu_quant, items * length, cfg.intermediate_size
         )
         _section(result, f"qkv_{videos}v", tune_qkv, items, length, heads, dim)
+        _section(result, f"norm_quant_{videos}v", tune_norm_quant, items * length, cfg.hidden_size)
         _section(result, f"attention_{videos}v", tune_attention, items, length, heads, dim)
     # the launches for the whole pass: the fastest at the first count (16 videos: the target
     # that is further off)
@@ -317,6 +350,9 @@ def main() -> None:
         "source launches": {},
         "source launches, per-layer residual (before)": {"per_layer_residual": True},
         "source launches, frames stacked as vLLM hands them": {"stacked": True},
+        "source launches, fused norms (merged-triton-fp8-norms)": {
+            "kernels": "merged-triton-fp8-norms"
+        },
     }
     first_gelu, first_qkv = result.get(f"gelu_quant_{counts[0]}v"), result.get(f"qkv_{counts[0]}v")
     if isinstance(first_gelu, list) and isinstance(first_qkv, list):
@@ -329,8 +365,16 @@ def main() -> None:
             isinstance(last_qkv, list) and not _fastest(last_qkv, ("all_heads",), bool)["all_heads"]
         )
         qkv["all_heads_min_rows"] = counts[0] * FRAMES * length if qkv["all_heads"] and small else 0
-        variants["fastest launches"] = {"launches": {"gelu_quant": gelu, "qkv": qkv}}
-        result["fastest_launches"] = {"gelu_quant": gelu, "qkv": qkv}
+        fastest = {"gelu_quant": gelu, "qkv": qkv}
+        first_norm = result.get(f"norm_quant_{counts[0]}v")
+        if isinstance(first_norm, list):
+            fastest["norm_quant"] = _fastest(first_norm, ("rows", "warps"), lambda r: True)
+        variants["fastest launches"] = {"launches": fastest}
+        variants["fastest launches, fused norms"] = {
+            "launches": fastest,
+            "kernels": "merged-triton-fp8-norms",
+        }
+        result["fastest_launches"] = fastest
     _section(result, "whole_pass", lambda: [r for n in counts for r in whole_pass(vt, n, variants)])
     _print(result)
     if args.write and "fastest_launches" in result:
@@ -362,6 +406,7 @@ def _print(result: dict) -> None:
     labels = {
         "gelu_quant": ("rows", "warps"),
         "qkv": ("block_m", "warps", "all_heads"),
+        "norm_quant": ("rows", "warps"),
         "attention": ("backend", "layout"),
     }
     for kind, keys in labels.items():

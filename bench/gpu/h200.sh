@@ -296,6 +296,12 @@ fast-tune)
     --warmup 3 --repeats 10 --methods exact-fused,fast --out "$OUT/fast-bench.json" \
     >"$OUT/fast-bench.txt" 2>/tmp/fast-tune-bench.log || echo "bench: exit $?"
   grep -E "^ *(1|16) " "$OUT/fast-bench.txt" || tail -n 8 /tmp/fast-tune-bench.log
+  # the same with the residual add + norm + quantize kernel (opt-in until measured here)
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-norms python3 -m gemma4_batched_encoder.bench \
+    --preset e4b --device cuda --dtype bf16 --videos 1,16 --warmup 3 --repeats 10 --methods fast \
+    --out "$OUT/fast-bench-norms.json" >"$OUT/fast-bench-norms.txt" 2>>/tmp/fast-tune-bench.log ||
+    echo "bench norms: exit $?"
+  grep -E "^ *(1|16) " "$OUT/fast-bench-norms.txt" || tail -n 8 /tmp/fast-tune-bench.log
   python3 bench/encoder_kernel_profile.py --mode fast --videos 16 --out "$OUT/fast-profile.json" ||
     echo "profile: exit $?"
   ;;

@@ -1,5 +1,6 @@
-"""Float8 fast mode's GELU x up + amax + quantize kernel (fp8_quant.py) against the same math in
-torch and an fp64 reference, then inside the float8 layers. Prints one JSON object.
+"""Float8 fast mode's Triton kernels (fp8_quant.py): GELU x up + amax + quantize, and residual add
++ RMS norm + quantize, each against the same math in torch (and GELU x up against fp64), then
+inside the float8 layers. Prints one JSON object.
 
     python plugin/tests/fp8_kernel_check.py                # CPU: Triton's interpreter
     python plugin/tests/fp8_kernel_check.py --device cuda  # GPU: the compiled kernel
@@ -31,7 +32,10 @@ def main() -> None:
     import torch
 
     from gemma4_batched_encoder.fp8_quant import (
+        _launch_add_norm_quant,
         _launch_gelu_mul_quant,
+        add_norm_quant,
+        add_norm_quant_reference,
         gelu_mul_quant,
         gelu_mul_quant_reference,
     )
@@ -72,6 +76,55 @@ def main() -> None:
                 "equal": (q.float() == rq.float()).float().mean().item(),
                 "error": ((q.double() * s.double() - exact).abs() / amax).max().item(),
             }
+    out["norm_quant"] = {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        # 96 wide: a masked block of 128; E4B's 768 in fp32 (and everywhere on a GPU); 7 rows:
+        # the last block part-masked. Triton 3.7's interpreter truncates fp32 -> bf16 where a
+        # GPU rounds to nearest, so on the CPU the bf16 rows differ by a step here and there.
+        for width in (96, 768) if args.device == "cuda" or dt == torch.float32 else (96,):
+            m = 7
+            x = (torch.randn(m, width) * torch.logspace(-2, 2, m)[:, None]).to(dt).to(device)
+            branch = (torch.randn(m, width) * 3).to(dt).to(device)
+            bw, nw = (torch.rand(width).to(dt).to(device) + 0.5 for _ in range(2))
+            for case, args_ in (
+                ("branch", (x, branch, bw, nw)),
+                ("no-branch", (x, None, None, nw)),
+                ("no-weights", (x, branch, None, None)),
+            ):
+                s_, q, sc = add_norm_quant(*args_, 1e-6)
+                rs, rq, rsc = add_norm_quant_reference(*args_, 1e-6)
+                s_ = x if args_[1] is None else s_
+                launches_equal = [
+                    torch.equal(a[1].view(torch.uint8), q.view(torch.uint8))
+                    and torch.equal(a[2], sc)
+                    and (args_[1] is None or torch.equal(a[0], s_))
+                    for a in (
+                        _launch_add_norm_quant(*args_, 1e-6, r, w) for r, w in ((1, 1), (8, 8))
+                    )
+                ]
+                # the stream: in units of the dtype's step at the row's largest value
+                row = rs.float().abs().amax(-1, keepdim=True) * torch.finfo(dt).eps
+                r = rq.float()  # the interpreter's float8 carries, as above
+                carry = (q.float() * 2 == r) & (r != 0) & (torch.frexp(r).mantissa.abs() == 0.5)
+                q = torch.where(carry, rq.view(torch.uint8), q.view(torch.uint8)).view(
+                    torch.float8_e4m3fn
+                )
+                out["norm_quant"][f"{name}-{width}-{case}"] = {
+                    "carries": int(carry.sum()),
+                    "stream_steps": ((s_.float() - rs.float()).abs() / row).max().item(),
+                    "empty_when_no_branch": args_[1] is not None
+                    or add_norm_quant(*args_, 1e-6)[0].numel() == 0,
+                    "scale_rel": ((sc.double() - rsc.double()).abs() / rsc.double()).max().item(),
+                    "equal": (q.float() == rq.float()).float().mean().item(),
+                    # dequantized rows against the reference's, over the row's amax
+                    "dequant_rel": (
+                        (q.double() * sc.double() - rq.double() * rsc.double()).abs().amax(-1)
+                        / (rq.double() * rsc.double()).abs().amax(-1)
+                    )
+                    .max()
+                    .item(),
+                    "launches_equal": launches_equal,
+                }
     if args.device == "cpu":  # inside the float8 layers (the GPU's: bench/gpu/h200.sh fast-probe)
         import g4helpers as H
         from test_bit_identity import COMPOSITIONS
@@ -89,6 +142,20 @@ def main() -> None:
         got = enc.encode(pvs, pps)
         pairs = zip(got, ref, strict=True)
         out["encoder"] = max(((a - b).norm() / b.norm()).item() for a, b in pairs)
+        norms = Settings(
+            mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged-triton-fp8-norms"
+        )
+        enc = BatchedVisionEncoder(tower, norms)
+        layers = enc.fast_layers(device, torch.float32)
+        assert layers.fused_norms
+        layers.call = fast_layers._layer  # eager
+        fused = enc.encode(pvs, pps)
+        out["encoder_norms"] = max(
+            ((a - b).norm() / b.norm()).item() for a, b in zip(fused, ref, strict=True)
+        )
+        out["norms_vs_fp8"] = max(
+            ((a - b).norm() / b.norm()).item() for a, b in zip(fused, got, strict=True)
+        )
     print(json.dumps(out))
 
 

@@ -117,6 +117,27 @@ def test_fp8_layers_quantize_every_gemm_and_stay_near_the_stock_layers():
     assert 1e-3 < max(errors) < 0.25, errors
 
 
+def test_fused_norms_compute_what_the_fp8_layers_compute():
+    """merged-triton-fp8-norms moves each residual add + norm + quantize into one op; where its
+    Triton kernel does not run (this CPU without the interpreter) the op is the same torch ops,
+    so the encoder's output is bit-identical to merged-triton-fp8's (the kernel itself:
+    fp8_kernel_check.py)."""
+    tower = H.tower(torch.float32, seed=3)
+    pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+    outs = []
+    for kernels in ("merged-triton-fp8", "merged-triton-fp8-norms"):
+        settings = Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels=kernels)
+        enc = BatchedVisionEncoder(tower, settings)
+        layers = enc.fast_layers(torch.device("cpu"), torch.float32)
+        assert isinstance(layers, MergedLayers)
+        assert layers.fused_norms == kernels.endswith("-norms")
+        layers.call = fast_layers._layer  # eager
+        outs.append(enc.encode(pvs, pps))
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    with pytest.raises(fast_layers.Unsupported, match="float8 GEMMs only"):
+        MergedLayers(tower, triton_qkv=True, fused_norms=True)
+
+
 def test_fp8_unavailable_keeps_the_compiled_stock_layers(monkeypatch, caplog):
     # e.g. a CUDA device before compute capability 8.9, which this machine cannot show
     monkeypatch.setattr(fast_layers, "fp8_gemm_error", lambda device: "no float8 GEMMs here")
@@ -216,6 +237,18 @@ def test_the_triton_fp8_kernel_quantizes_gelu_times_up_per_row():
         # every element within half a float8 step of the top binade (32 of 448) of the row's amax
         assert k["error"] < 0.5 * 32 / 448 + 1e-3
     assert 1e-3 < result["encoder"] < 0.25  # as test_fp8_layers_quantize_every_gemm_...
+    # residual add + norm + quantize (merged-triton-fp8-norms): three cases a dtype and width
+    cases = result["norm_quant"]
+    assert len(cases) == 9
+    for key, k in cases.items():
+        assert k["empty_when_no_branch"] and k["launches_equal"] == [True, True], key
+        if key.startswith("fp32"):  # only the sums' order and rsqrt differ from eager
+            assert k["stream_steps"] < 4 and k["scale_rel"] < 1e-5, key
+            assert k["equal"] > 0.99 and k["dequant_rel"] < 1e-4, key
+        else:  # the interpreter truncates to bf16 (a GPU rounds): a step or two of bf16
+            assert k["stream_steps"] < 3 and k["scale_rel"] < 0.02, key
+            assert k["equal"] > 0.85 and k["dequant_rel"] < 0.2, key
+    assert 1e-3 < result["encoder_norms"] < 0.25
 
 
 _VLLM_LINEARS = """

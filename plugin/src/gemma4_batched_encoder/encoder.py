@@ -140,7 +140,8 @@ class BatchedVisionEncoder:
                 return MergedLayers(
                     self.vt,
                     triton_qkv=kernels.startswith("merged-triton"),
-                    fp8=kernels.endswith("-fp8"),
+                    fp8="-fp8" in kernels,
+                    fused_norms=kernels.endswith("-norms"),
                 )
             except Unsupported as e:
                 logger.warning("GEMMA4_ENCODER_FAST_KERNELS=%s unsupported here (%s)", kernels, e)

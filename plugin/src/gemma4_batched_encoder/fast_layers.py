@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fp8_quant import gelu_mul_quant, quantize_rows
+from .fp8_quant import add_norm_quant, gelu_mul_quant, quantize_rows
 from .fused import _dynamic_batch_and_length
 from .qkv_kernel import _rms, qkv_norm_rope, qkv_norm_rope_reference
 
@@ -118,23 +118,44 @@ def _layer(
     triton_qkv: bool,
     pending_norm: Tensor | None = None,
     last: bool = False,
+    fused_norms: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """One layer up to its down projection: (residual stream, down projection). ``pending``: the
     previous layer's down projection, whose post-FFW norm (``pending_norm``) and residual add open
     this call, so that one compiled graph holds them beside this layer's input norm (one pass
-    over the rows instead of two). ``last``: close this layer too (returns the final stream)."""
-    if pending is not None:
-        x = x + _rms(pending, pending_norm, eps)
-    b, n, _ = x.shape
-    h = _rms(x, w["input_norm"], eps)
+    over the rows instead of two). ``last``: close this layer too (returns the final stream).
+    ``fused_norms`` (float8 only): each residual add + norm + quantization in front of the Q/K/V
+    and gate/up GEMMs as one Triton kernel (``fp8_quant.add_norm_quant``)."""
+    b, n, d = x.shape
     qkv_fn = qkv_norm_rope if triton_qkv else qkv_norm_rope_reference
-    q, k, v = qkv_fn(_linear(h, w, "qkv"), cos, sin, w["q_norm"], w["k_norm"], heads, eps)
+    if fused_norms:
+        # residual add + norm + float8 rows as one kernel in front of each of the two GEMMs
+        s, hq, hs = add_norm_quant(
+            x.reshape(-1, d),
+            None if pending is None else pending.reshape(-1, d),
+            pending_norm,
+            w["input_norm"],
+            eps,
+        )
+        x = x if pending is None else s.view(b, n, d)
+        qkv = _linear(x, w, "qkv", quantized=(hq, hs))
+    else:
+        if pending is not None:
+            x = x + _rms(pending, pending_norm, eps)
+        qkv = _linear(_rms(x, w["input_norm"], eps), w, "qkv")
+    q, k, v = qkv_fn(qkv, cos, sin, w["q_norm"], w["k_norm"], heads, eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
     attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
-    x = x + _rms(attn, w["post_attn_norm"], eps)
-    h = _rms(x, w["pre_ffw_norm"], eps)
-    gate_up = _linear(h, w, "gate_up")
+    if fused_norms:
+        s, hq, hs = add_norm_quant(
+            x.reshape(-1, d), attn.reshape(-1, d), w["post_attn_norm"], w["pre_ffw_norm"], eps
+        )
+        x = s.view(b, n, d)
+        gate_up = _linear(x, w, "gate_up", quantized=(hq, hs))
+    else:
+        x = x + _rms(attn, w["post_attn_norm"], eps)
+        gate_up = _linear(_rms(x, w["pre_ffw_norm"], eps), w, "gate_up")
     if w.get("down_scale") is not None:
         # float8: GELU x up, the row's amax and the quantization in one kernel
         h = _linear(gate_up, w, "down", quantized=gelu_mul_quant(gate_up.reshape(b * n, -1)))
@@ -160,7 +181,12 @@ class MergedLayers:
     """The tower's encoder layers as merged-weight calls; same ``hidden`` as ``FusedLayers``."""
 
     def __init__(
-        self, vt: nn.Module, triton_qkv: bool = False, compile: bool = True, fp8: bool = False
+        self,
+        vt: nn.Module,
+        triton_qkv: bool = False,
+        compile: bool = True,
+        fp8: bool = False,
+        fused_norms: bool = False,
     ) -> None:
         encoder = vt.encoder
         cfg = encoder.config
@@ -194,9 +220,12 @@ class MergedLayers:
                         "post_ffw_norm": _norm_weight(layer.post_feedforward_layernorm),
                     }
                 )
+        if fused_norms and not fp8:
+            raise Unsupported("the fused norm + quantize kernel feeds float8 GEMMs only")
         if fp8:
             self._quantize(next(encoder.parameters()).device)
         self.triton_qkv = triton_qkv
+        self.fused_norms = fused_norms
         self.call = _compiled() if compile else _layer
 
     def _quantize(self, device: torch.device) -> None:
@@ -236,6 +265,7 @@ class MergedLayers:
                 self.triton_qkv,
                 pending_norm,
                 i == len(self.weights) - 1,
+                self.fused_norms,
             )
             pending_norm = w["post_ffw_norm"]
         return hidden

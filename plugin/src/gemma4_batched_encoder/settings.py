@@ -8,7 +8,9 @@ from typing import Literal, get_args
 
 Mode = Literal["exact", "fast"]
 Fused = Literal["auto", "on", "off"]
-FastKernels = Literal["stock", "merged", "merged-triton", "merged-triton-fp8"]
+FastKernels = Literal[
+    "stock", "merged", "merged-triton", "merged-triton-fp8", "merged-triton-fp8-norms"
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -106,7 +108,9 @@ class Settings:
     # four GEMMs in float8, row-wise scaled, and GELU x up + quantize as one Triton kernel
     # (fp8_quant.py; opt-in, a precision trade: 3.4 / 42.3 ms against merged-triton's 3.4 / 48.2
     # in the same H200 run, 1.38x stock bf16's distance from an fp32 tower;
-    # bench/results/h200/vllm-0.26.0-17-random/NOTES.md).
+    # bench/results/h200/vllm-0.26.0-17-random/NOTES.md); "merged-triton-fp8-norms" = that with
+    # each residual add + norm + quantize in front of the Q/K/V and gate/up GEMMs as one Triton
+    # kernel too (fp8_quant.add_norm_quant; opt-in, not yet measured on a GPU).
     # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
     # the same H200 run, deviation from exact of the same size (bench/results/h200/
     # encoder-fast-kernels/NOTES.md).
