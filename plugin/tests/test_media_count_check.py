@@ -16,7 +16,7 @@ import pytest
 
 import media as media_files
 from gemma4_batched_encoder import media
-from gemma4_batched_encoder.media import count_check, mp4_plain
+from gemma4_batched_encoder.media import count_check, mp4_plain, stages
 from gemma4_batched_encoder.noise_media import noise
 from slo_loadtest.media import write_h264
 
@@ -181,7 +181,7 @@ def outcomes() -> dict[str, float]:
     name = "gemma4_media_frame_count_check_total"
     return {
         o: REGISTRY.get_sample_value(name, {"outcome": o}) or 0.0
-        for o in ("skipped", "beside", "corrected")
+        for o in stages.COUNT_CHECK_OUTCOMES
     }
 
 

@@ -106,6 +106,30 @@ def fp8_gemm_error(device: torch.device) -> str | None:
     return None
 
 
+def _add_norm_linear(
+    x: Tensor,
+    branch: Tensor | None,
+    branch_norm: Tensor | None,
+    w: dict[str, Tensor | None],
+    norm: str,
+    gemm: str,
+    eps: float,
+    fused: bool,
+) -> tuple[Tensor, Tensor]:
+    """``x += rms(branch)`` (when there is a branch), then the GEMM ``gemm`` of ``rms(x)``:
+    (new stream, GEMM output). ``fused`` (float8 only): the add, the norm and the quantization
+    of the GEMM's input as one Triton kernel (``fp8_quant.add_norm_quant``)."""
+    if not fused:
+        if branch is not None:
+            x = x + _rms(branch, branch_norm, eps)
+        return x, _linear(_rms(x, w[norm], eps), w, gemm)
+    b, n, d = x.shape
+    flat = None if branch is None else branch.reshape(-1, d)
+    s, hq, hs = add_norm_quant(x.reshape(-1, d), flat, branch_norm, w[norm], eps)
+    x = x if branch is None else s.view(b, n, d)
+    return x, _linear(x, w, gemm, quantized=(hq, hs))
+
+
 def _layer(
     x: Tensor,
     pending: Tensor | None,
@@ -126,36 +150,16 @@ def _layer(
     over the rows instead of two). ``last``: close this layer too (returns the final stream).
     ``fused_norms`` (float8 only): each residual add + norm + quantization in front of the Q/K/V
     and gate/up GEMMs as one Triton kernel (``fp8_quant.add_norm_quant``)."""
-    b, n, d = x.shape
+    b, n, _ = x.shape
     qkv_fn = qkv_norm_rope if triton_qkv else qkv_norm_rope_reference
-    if fused_norms:
-        # residual add + norm + float8 rows as one kernel in front of each of the two GEMMs
-        s, hq, hs = add_norm_quant(
-            x.reshape(-1, d),
-            None if pending is None else pending.reshape(-1, d),
-            pending_norm,
-            w["input_norm"],
-            eps,
-        )
-        x = x if pending is None else s.view(b, n, d)
-        qkv = _linear(x, w, "qkv", quantized=(hq, hs))
-    else:
-        if pending is not None:
-            x = x + _rms(pending, pending_norm, eps)
-        qkv = _linear(_rms(x, w["input_norm"], eps), w, "qkv")
+    x, qkv = _add_norm_linear(x, pending, pending_norm, w, "input_norm", "qkv", eps, fused_norms)
     q, k, v = qkv_fn(qkv, cos, sin, w["q_norm"], w["k_norm"], heads, eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
     attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
-    if fused_norms:
-        s, hq, hs = add_norm_quant(
-            x.reshape(-1, d), attn.reshape(-1, d), w["post_attn_norm"], w["pre_ffw_norm"], eps
-        )
-        x = s.view(b, n, d)
-        gate_up = _linear(x, w, "gate_up", quantized=(hq, hs))
-    else:
-        x = x + _rms(attn, w["post_attn_norm"], eps)
-        gate_up = _linear(_rms(x, w["pre_ffw_norm"], eps), w, "gate_up")
+    x, gate_up = _add_norm_linear(
+        x, attn, w["post_attn_norm"], w, "pre_ffw_norm", "gate_up", eps, fused_norms
+    )
     if w.get("down_scale") is not None:
         # float8: GELU x up, the row's amax and the quantization in one kernel
         h = _linear(gate_up, w, "down", quantized=gelu_mul_quant(gate_up.reshape(b * n, -1)))

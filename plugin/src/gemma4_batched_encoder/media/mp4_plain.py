@@ -3,7 +3,7 @@
 vLLM 0.27+ cross-checks a video's header frame count with an end-of-stream seek, which for a short
 clip decodes the whole video a second time (`media/count_check.py`). The check exists for mp4 edit
 lists that hide a decode lead-in, and corrects the count only when the seek ends more than one
-frame short of the header's. This reads the container (no decoding, ~0.1 ms) and answers the
+frame short of the header's. This reads the container (no decoding, ~0.03 ms) and answers the
 video track's sample count when nothing of that kind can happen:
 
 - one video track, not fragmented (no `mvex`): the sample table is the whole stream;
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-
-_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts"}
 
 
 class NotPlain(Exception):
@@ -149,7 +147,12 @@ def _first_composition_offset(data: bytes, stbl: tuple[int, int]) -> int:
 
 
 def _edits_hide_nothing(
-    data: bytes, trak: tuple[int, int], stbl: tuple[int, int], media_duration: int, media_scale: int
+    data: bytes,
+    trak: tuple[int, int],
+    stbl: tuple[int, int],
+    media_duration: int,
+    media_scale: int,
+    movie_scale: int,
 ) -> bool:
     found = _child(data, *trak, b"edts")
     elst = _child(data, *found, b"elst") if found is not None else None
@@ -163,7 +166,6 @@ def _edits_hide_nothing(
     segment, media_time, rate_int, rate_frac = rows[0]
     if (rate_int, rate_frac) != (1, 0) or media_time != _first_composition_offset(data, stbl):
         return False
-    movie_scale = _timescale(data, _need(data, 0, len(data), b"moov/mvhd")[0])
     # the edit lasts the whole track (0 = to the end); compared exactly in integers
     return segment == 0 or segment * media_scale >= media_duration * movie_scale
 
@@ -180,12 +182,14 @@ def frame_count(data: bytes) -> int | None:
         trak = tracks[0]
         stbl = _need(data, *trak, b"mdia/minf/stbl")
         media_scale = _timescale(data, _need(data, *trak, b"mdia/mdhd")[0])
+        movie_scale = _timescale(data, _need(data, *moov, b"mvhd")[0])
         s, e = _need(data, *stbl, b"stts")
         stts = _table(data, s + 4, e, ">II")
         sizes = _sample_sizes(data, stbl)
         if len(stts) != 1 or stts[0][1] == 0 or stts[0][0] != len(sizes) or not sizes:
             return None  # variable frame duration, or counts that disagree
-        if not _edits_hide_nothing(data, trak, stbl, stts[0][0] * stts[0][1], media_scale):
+        duration = stts[0][0] * stts[0][1]
+        if not _edits_hide_nothing(data, trak, stbl, duration, media_scale, movie_scale):
             return None
         if not _samples_inside(data, stbl, sizes):
             return None

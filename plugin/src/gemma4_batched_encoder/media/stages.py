@@ -32,7 +32,8 @@ THREAD_METRIC_NAME = "gemma4_media_preprocess_thread_seconds"  # a counter: expo
 THREAD_STATES = ("on_cpu", "runnable", "blocked")
 COUNT_CHECK_METRIC_NAME = "gemma4_media_frame_count_check"  # a counter: exposed with _total
 # vLLM 0.27+'s frame-count check (media/count_check.py): not needed (the container and the decode
-# vouch for the header), run beside the decode and agreeing, or correcting the header.
+# vouch for the header), run and agreeing (beside the decode; after it where the decode stopped
+# short of the last frame), or correcting the header.
 COUNT_CHECK_OUTCOMES = ("skipped", "beside", "corrected")
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 # 0.5 ms .. 2 s: a 480p frame's resize is ~1 ms, a burst of videos in one API server ~1 s.
@@ -105,8 +106,9 @@ def labelled_counter(name: str, documentation: str, label: str) -> Callable[[str
 count_check = labelled_counter(
     COUNT_CHECK_METRIC_NAME,
     "Gemma 4 media: vLLM's video frame-count check by outcome (skipped = the mp4's sample table "
-    "and the decode vouch for the header; beside = run beside the decode; corrected = the header "
-    "overstated the frames and vLLM's own decode ran).",
+    "and the decode vouch for the header; beside = run beside the decode, or after it where the "
+    "decode stopped short of the last frame; corrected = the header overstated the frames and "
+    "vLLM's own decode ran).",
     "outcome",
 )
 
