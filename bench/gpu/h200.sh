@@ -48,6 +48,11 @@
 #                                           entered in this tree's fast_launch.json (returned),
 #                                           then the bench and profile with them (run it
 #                                           through `bg` or `packed`: 6 files)
+#   bench/gpu/h200.sh fast-layouts          the bench CLI with float8 fast mode (with and without the
+#                                           fused norms) on frames as a list and stacked as vLLM
+#                                           hands them (exact-fused beside: bitwise through the
+#                                           views too), then the replay/host split
+#                                           (bench/fast_replay_split.py); 6 files
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
@@ -296,7 +301,7 @@ fast-tune)
     --warmup 3 --repeats 10 --methods exact-fused,fast --out "$OUT/fast-bench.json" \
     >"$OUT/fast-bench.txt" 2>/tmp/fast-tune-bench.log || echo "bench: exit $?"
   grep -E "^ *(1|16) " "$OUT/fast-bench.txt" || tail -n 8 /tmp/fast-tune-bench.log
-  # the same with the residual add + norm + quantize kernel (opt-in until measured here)
+  # the same with the residual add + norm + quantize kernel (opt-in)
   GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-norms python3 -m gemma4_batched_encoder.bench \
     --preset e4b --device cuda --dtype bf16 --videos 1,16 --warmup 3 --repeats 10 --methods fast \
     --out "$OUT/fast-bench-norms.json" >"$OUT/fast-bench-norms.txt" 2>>/tmp/fast-tune-bench.log ||
@@ -304,6 +309,22 @@ fast-tune)
   grep -E "^ *(1|16) " "$OUT/fast-bench-norms.txt" || tail -n 8 /tmp/fast-tune-bench.log
   python3 bench/encoder_kernel_profile.py --mode fast --videos 16 --out "$OUT/fast-profile.json" ||
     echo "profile: exit $?"
+  ;;
+fast-layouts)
+  cd "$REPO"
+  export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
+  E="--preset e4b --device cuda --dtype bf16 --videos 1,16 --warmup 5 --repeats 30"
+  for run in "norms-stacked merged-triton-fp8-norms stacked exact-fused,fast" \
+    "norms-list merged-triton-fp8-norms list exact-fused,fast" \
+    "fp8-stacked merged-triton-fp8 stacked fast" "fp8-list merged-triton-fp8 list fast"; do
+    read -r name kernels layout methods <<<"$run"
+    GEMMA4_ENCODER_FAST_KERNELS="$kernels" python3 -m gemma4_batched_encoder.bench $E \
+      --layout "$layout" --methods "$methods" --out "$OUT/$name.json" >"/tmp/$name.txt" \
+      2>"/tmp/$name.log" || tail -n 5 "/tmp/$name.log"
+    grep -E "^ *(1|16) " "/tmp/$name.txt" | sed "s/^/$name: /" || true
+  done
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-norms python3 bench/fast_replay_split.py \
+    --out "$OUT/replay-split.json" || echo "replay split: exit $?"
   ;;
 host)
   cd "$REPO"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gemma4_batched_encoder import Settings, encode_frames
+from gemma4_batched_encoder import synthetic as S
 from gemma4_batched_encoder.pooling import pool_exact
 from gemma4_batched_encoder.reference import serial_per_item, upstream_batched
 
@@ -120,25 +121,68 @@ def test_fast_mode_close_not_required_identical(tower):
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
 
 
+def _spy_batches(monkeypatch, method: str, source: torch.Tensor | None = None) -> list[bool]:
+    """Per pass of ``method`` (``_fast`` or ``_exact``): whether its pixel values are a view of
+    ``source`` (no copy)."""
+    from gemma4_batched_encoder.encoder import BatchedVisionEncoder
+
+    views: list[bool] = []
+    real = getattr(BatchedVisionEncoder, method)
+
+    def spy(self, pv, *rest):
+        ptr = None if source is None else source.untyped_storage().data_ptr()
+        views.append(pv.untyped_storage().data_ptr() == ptr)
+        return real(self, pv, *rest)
+
+    monkeypatch.setattr(BatchedVisionEncoder, method, spy)
+    return views
+
+
 def test_fast_mode_takes_stacked_frames_as_views_with_the_lists_values(tower, monkeypatch):
     # vLLM hands video frames as one [frames, P, D] tensor: fast mode slices its runs of equal
     # valid length instead of stacking copies of them; same values as a list's stacked batch
-    from gemma4_batched_encoder import encoder as enc_mod
-
     dtype = next(tower.parameters()).dtype
     media = [H.FRAME_480P] * 4 + [H.FRAME_720P] * 2 + [H.FRAME_480P] * 2
     pvs, pps = H.batch(media, dtype, seed=17)
     tokens = [int((pp != -1).any(-1).sum()) // 9 for pp in pps]
     from_list = encode_frames(tower, pvs, pps, valid_tokens=tokens, mode="fast")
-    stacks = []
-    real_stack = enc_mod._stack
-    monkeypatch.setattr(enc_mod, "_stack", lambda *a: stacks.append(a[2]) or real_stack(*a))
-    stacked = encode_frames(
-        tower, torch.stack(pvs), torch.stack(pps), valid_tokens=tokens, mode="fast"
-    )
-    # 480p frames 0-3 and 6-7 are two runs: the second is no view of a run with the first
-    assert stacks == ["pixel_values", "position_ids"]
+    pv = torch.stack(pvs)
+    views = _spy_batches(monkeypatch, "_fast", pv)
+    stacked = encode_frames(tower, pv, torch.stack(pps), valid_tokens=tokens, mode="fast")
+    # 480p frames 0-3 and 6-7 are no run (a stack); the 720p frames 4-5 are (a view)
+    assert views == [False, True]
     assert_identical(stacked, from_list)
+
+
+def test_exact_mode_takes_a_stacked_run_as_a_view_bit_identical(tower, monkeypatch):
+    # one padded length, one padding class: the whole call is one run of the stacked tensor
+    dtype = next(tower.parameters()).dtype
+    media = [H.FRAME_480P] * 3 + [H.FRAME_720P] * 3
+    pvs, pps = H.batch(media, dtype, seed=19)
+    pv = torch.stack(pvs)
+    views = _spy_batches(monkeypatch, "_exact", pv)
+    assert_identical(encode_frames(tower, pv, torch.stack(pps)), serial_per_item(tower, pvs, pps))
+    assert views == [True]
+    # a non-contiguous stacked tensor is copied instead: eager kernels may depend on strides
+    views.clear()
+    wide = torch.cat([pv, pv], dim=-1)[..., : pv.shape[-1]]
+    assert not wide.is_contiguous()
+    assert_identical(encode_frames(tower, wide, torch.stack(pps)), serial_per_item(tower, pvs, pps))
+    assert views == [False]
+
+
+def test_fast_mode_batches_equal_valid_lengths_of_other_paddings(tower):
+    # a 480p frame (630 patches padded) and an image of the same valid grid padded to 1260: one
+    # fast batch of their valid prefixes, each close to its own per-item pass
+    dtype = next(tower.parameters()).dtype
+    media = [H.FRAME_480P, S.Media("image", H.FRAME_480P.grid, 140), H.FRAME_480P]
+    pvs, pps = H.batch(media, dtype, seed=23)
+    assert pvs[0].shape != pvs[1].shape
+    ref = serial_per_item(tower, pvs, pps)
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    for a, b in zip(encode_frames(tower, pvs, pps, mode="fast"), ref, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
 
 
 def test_rejects_inconsistent_token_counts(tower):

@@ -96,3 +96,26 @@ def test_bench_counts_tokens_on_the_device_for_images_or_when_asked(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["rows"][0]["token_counts"] == "device"
+
+
+def test_stacked_layout_as_vllm_hands_frames(tmp_path):
+    # one stacked [N, P, D] tensor for the plugin, lists for the references: still bitwise
+    verify = cli("verify", "--videos", "1,2", "--frames", "2", "--layout", "stacked")
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    result = json.loads(verify.stdout)
+    assert result["layout"] == "stacked" and result["bit_identical"] is True
+    out = tmp_path / "bench.json"
+    bench = cli(
+        "bench", "--videos", "2", "--frames", "2", "--repeats", "1", "--warmup", "0",
+        "--methods", "serial,exact", "--layout", "stacked", "--out", str(out),
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["layout"] == "stacked" and result["rows"][0]["exact"]["bit_identical"]
+    # mixed padded sizes cannot stack: a clear error, exit 2
+    mixed = cli(
+        "verify", "--videos", "1", "--images", "1", "--image-budgets", "140", "--layout", "stacked"
+    )
+    assert (
+        mixed.returncode == 2 and "--layout stacked needs items of one padded size" in mixed.stderr
+    )

@@ -27,7 +27,15 @@ from typing import Any
 import torch
 
 from . import __version__
-from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
+from .cli_common import (
+    add_common,
+    composition,
+    inputs,
+    int_list,
+    laid_out,
+    load_tower,
+    run_and_write,
+)
 from .encoder import BatchedVisionEncoder
 from .inputs import count_valid_patches
 from .reference import serial_per_item, upstream_batched
@@ -95,8 +103,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if comp.images == 0 and args.token_counts == "host":
             k2 = vt.config.pooling_kernel_size**2
             hints = [c // k2 for c in count_valid_patches(pps)]  # untimed, once
+        plugin_inputs = laid_out(args, pvs, pps)
         for name, enc in encoders.items():
-            fns[name] = partial(enc.encode, pvs, pps, hints)
+            fns[name] = partial(enc.encode, *plugin_inputs, hints)
         reference = serial_per_item(vt, pvs, pps)
         row: dict[str, Any] = {
             "videos": videos,
@@ -127,6 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "frames_per_video": args.frames,
         "frame_grid": args.frame_grid,
+        "layout": args.layout,
         "images": args.images,
         "warmup": args.warmup,
         "repeats": args.repeats,

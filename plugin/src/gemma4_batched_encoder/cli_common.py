@@ -41,6 +41,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--image-budgets", default="70,140,280", help="soft-token budgets cycled over the images"
     )
     b.add_argument("--image-aspects", default="1.333,0.75,1.0,2.0", help="w/h cycled over images")
+    b.add_argument(
+        "--layout",
+        choices=("list", "stacked"),
+        default="list",
+        help="how the plugin receives the items: a list of [P, D] tensors, or one stacked "
+        "[N, P, D] tensor as vLLM hands video frames (equal padded sizes only; the per-item "
+        "references always take the list)",
+    )
     p.add_argument("--mode", choices=["exact", "fast"], default="exact")
     p.add_argument(
         "--cuda-graphs", choices=["on", "off"], default="on", help="plugin CUDA graphs (CUDA only)"
@@ -117,3 +125,14 @@ def inputs(
     pvs, pps = S.make_batch(comp.media, 3 * cfg.patch_size**2, cfg.pooling_kernel_size, seed=seed)
     dtype = DTYPES[args.dtype]
     return ([p.to(args.device, dtype) for p in pvs], [p.to(args.device) for p in pps])
+
+
+def laid_out(
+    args: argparse.Namespace, pvs: list[torch.Tensor], pps: list[torch.Tensor]
+) -> tuple[list[torch.Tensor] | torch.Tensor, list[torch.Tensor] | torch.Tensor]:
+    """The plugin's inputs in ``--layout``: the lists as they are, or each stacked."""
+    if args.layout == "list":
+        return pvs, pps
+    if len({tuple(p.shape) for p in pvs}) > 1:
+        raise ValueError("--layout stacked needs items of one padded size (no mixed budgets)")
+    return torch.stack(pvs), torch.stack(pps)

@@ -18,23 +18,26 @@ from .log import logger
 from .settings import Mode, Settings
 
 
-def _stack(
-    items: list[Item], idx: list[int], attr: str, patches: int | None = None
+def _batch(
+    source: PixelInput, items: list[Item], idx: list[int], attr: str, patches: int | None = None
 ) -> torch.Tensor:
-    rows = [getattr(items[i], attr)[:patches] for i in idx]
-    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+    """Items ``idx`` as one [n, P, ...] batch (``patches``: its first P patches only).
 
-
-def _rows(
-    source: PixelInput, items: list[Item], idx: list[int], attr: str, patches: int
-) -> torch.Tensor:
-    """Fast mode's batch: a view of ``source`` when it is one stacked tensor and ``idx`` a run of
-    it (vLLM hands video frames so), else ``_stack``. The view saves the stack's copy and its
-    per-frame calls; the values are the same either way (the graph copies its input in)."""
-    run = idx == list(range(idx[0], idx[0] + len(idx)))
-    if isinstance(source, torch.Tensor) and source.dim() == 3 and run:
-        return source[idx[0] : idx[-1] + 1, :patches]
-    return _stack(items, idx, attr, patches)
+    A view of ``source`` when that is one stacked tensor and ``idx`` a contiguous run of it (vLLM
+    hands video frames so): no copy and no per-item calls. Else one stack of the items' whole
+    rows (equal shapes: a group's always are), viewed down to ``patches``; the values are the same
+    either way. Exact mode takes the view only when it is contiguous, as the stack is: other
+    strides could pick other kernels in an eager pass, and exact mode's promise is its bits."""
+    first = idx[0]
+    if isinstance(source, torch.Tensor) and source.dim() == 3 and idx[-1] - first + 1 == len(idx):
+        view = source[first : idx[-1] + 1]
+        if patches is not None or view.is_contiguous():
+            return view if patches is None else view[:, :patches]
+    rows = [getattr(items[i], attr) for i in idx]
+    if len({r.shape for r in rows}) > 1:  # fast mode: equal valid patches, other padding
+        rows = [r[:patches] for r in rows]
+    batch = rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+    return batch if patches is None else batch[:, :patches]
 
 
 class BatchedVisionEncoder:
@@ -180,8 +183,8 @@ class BatchedVisionEncoder:
                     group.num_patches, items[group.indices[0]].pixel_values.dtype
                 )
                 for idx in chunks(group.indices, per_item, budget):
-                    pv = _stack(items, idx, "pixel_values")
-                    pp = _stack(items, idx, "position_ids")
+                    pv = _batch(pixel_values, items, idx, "pixel_values")
+                    pp = _batch(pixel_position_ids, items, idx, "position_ids")
                     pooled = self._exact(pv, pp, group.has_padding)
                     for j, i in enumerate(idx):
                         out[i] = pooled[j, : items[i].valid_tokens]
@@ -193,11 +196,10 @@ class BatchedVisionEncoder:
                 per_item = self._item_bytes(valid, items[indices[0]].pixel_values.dtype)
                 for idx in chunks(indices, per_item, budget):
                     # Valid patches are a prefix of each item (the HF processor pads at the end).
-                    pv = _rows(pixel_values, items, idx, "pixel_values", valid)
-                    pp = _rows(pixel_position_ids, items, idx, "position_ids", valid)
-                    pooled = self._fast(pv, pp)
-                    for j, i in enumerate(idx):
-                        out[i] = pooled[j]
+                    pv = _batch(pixel_values, items, idx, "pixel_values", valid)
+                    pp = _batch(pixel_position_ids, items, idx, "position_ids", valid)
+                    for i, row in zip(idx, self._fast(pv, pp).unbind(0), strict=True):
+                        out[i] = row
         else:
             raise ValueError(f"unknown mode {mode!r}")
         return out  # type: ignore[return-value]

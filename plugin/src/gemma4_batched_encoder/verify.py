@@ -18,7 +18,15 @@ from typing import Any
 import torch
 
 from . import __version__
-from .cli_common import add_common, composition, inputs, int_list, load_tower, run_and_write
+from .cli_common import (
+    add_common,
+    composition,
+    inputs,
+    int_list,
+    laid_out,
+    load_tower,
+    run_and_write,
+)
 from .encoder import BatchedVisionEncoder
 from .pooling import pool_batched, pooling_weights
 from .reference import encoded_buckets, serial_per_item
@@ -108,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs = []
         for _ in range(2):
             t0 = time.perf_counter()
-            out = encoder.encode(pvs, pps, mode=args.mode)
+            out = encoder.encode(*laid_out(args, pvs, pps), mode=args.mode)
             if args.device == "cuda":
                 torch.cuda.synchronize()
             runs.append((out, time.perf_counter() - t0))
@@ -167,6 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "config": args.config,
         "dtype": args.dtype,
         "mode": args.mode,
+        "layout": args.layout,
         "cuda_graphs": encoder.graphs_active(torch.device(args.device)),
         "cuda_graphs_captured": encoder.graphs.num_graphs,
         "fused_layers": encoder.fused_in_use(),
