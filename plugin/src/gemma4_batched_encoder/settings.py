@@ -110,8 +110,8 @@ class Settings:
     # in the same H200 run, 1.38x stock bf16's distance from an fp32 tower;
     # bench/results/h200/vllm-0.26.0-17-random/NOTES.md); "merged-triton-fp8-norms" = that with
     # each residual add + norm + quantize in front of the Q/K/V and gate/up GEMMs as one Triton
-    # kernel too (fp8_quant.add_norm_quant; opt-in: 2.9-3.1 / 34.9-35.9 ms against fp8's
-    # 2.9-3.2 / 34.9-36.9 on three H200 hosts, bench/results/h200/encoder-21/NOTES.md).
+    # kernel too (fp8_quant.add_norm_quant; opt-in: 2.8-3.1 / 34.6-35.9 ms against fp8's
+    # 2.9-3.2 / 34.9-36.9 on four H200 hosts, bench/results/h200/encoder-21/NOTES.md).
     # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
     # the same H200 run, deviation from exact of the same size (bench/results/h200/
     # encoder-fast-kernels/NOTES.md).
