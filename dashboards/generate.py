@@ -747,15 +747,16 @@ def encoder_dashboard() -> dict[str, Any]:
     in_force = table(
         "Encoder mode per pod",
         "gemma4_encoder_info (=1) per pod: mode (exact = bit-identical batched, fast, "
-        "stock = plugin off), whether encoder CUDA graphs are on, vLLM and plugin "
-        "versions; 'fused layers' = gemma4_encoder_fused_layers (1: exact mode runs the "
-        "inductor-fused layers, GEMMA4_ENCODER_FUSED); 'graphs captured' / 'graphs failed' = "
+        "stock = plugin off), fast mode's kernels (GEMMA4_ENCODER_FAST_KERNELS), whether "
+        "encoder CUDA graphs are on, vLLM and plugin versions; 'fused layers' = "
+        "gemma4_encoder_fused_layers (1: exact mode runs the inductor-fused layers, "
+        "GEMMA4_ENCODER_FUSED); 'graphs captured' / 'graphs failed' = "
         "gemma4_encoder_cuda_graphs (a failed capture's batch shape runs eagerly: slower, "
         "same outputs; alert Gemma4EncoderGraphCaptureFailed). A pod missing here does not "
         "run the plugin.",
         [
             (
-                "max by (pod, mode, cuda_graphs, vllm_version, plugin_version) "
+                "max by (pod, mode, fast_kernels, cuda_graphs, vllm_version, plugin_version) "
                 f"(gemma4_encoder_info{{{p}}})",
                 "",
             ),

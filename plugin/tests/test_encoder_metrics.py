@@ -63,10 +63,30 @@ def sample(text: str, name: str, **labels: str) -> float:
 def test_info_gauge(exposition):
     assert "# TYPE gemma4_encoder_info gauge" in exposition
     value = sample(
-        exposition, "gemma4_encoder_info", mode="exact", cuda_graphs="false",
-        vllm_version="0.32.0", plugin_version="0.1.0",
+        exposition, "gemma4_encoder_info", mode="exact", fast_kernels="none",
+        cuda_graphs="false", vllm_version="0.32.0", plugin_version="0.1.0",
     )  # fmt: skip
     assert value == 1
+
+
+def test_info_names_fast_modes_kernels(tmp_path):
+    # fast mode's kernel choice is on the info gauge (exact and stock say "none")
+    script = (
+        "from gemma4_batched_encoder.metrics import set_info\n"
+        "from prometheus_client import generate_latest\n"
+        "set_info('fast', True, '0.32.0', '0.1.0', fast_kernels='merged-triton-fp8-norms')\n"
+        "print(generate_latest().decode())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env={**env, "PYTHONPATH": SRC},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sample(
+        proc.stdout, "gemma4_encoder_info", mode="fast",
+        fast_kernels="merged-triton-fp8-norms", cuda_graphs="true",
+    ) == 1  # fmt: skip
 
 
 def test_calls_items_seconds_fallbacks(exposition):

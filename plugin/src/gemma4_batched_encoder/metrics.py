@@ -76,7 +76,7 @@ def get_metrics() -> EncoderMetrics:
                 info=Gauge(
                     "gemma4_encoder_info",
                     "Gemma 4 vision encoder in force (value 1).",
-                    ["mode", "cuda_graphs", "vllm_version", "plugin_version"],
+                    ["mode", "fast_kernels", "cuda_graphs", "vllm_version", "plugin_version"],
                     multiprocess_mode="max",
                 ),
                 calls=Counter(
@@ -140,11 +140,20 @@ def get_metrics() -> EncoderMetrics:
         return _metrics
 
 
-def set_info(mode: str, cuda_graphs: bool, vllm_version: str, plugin_version: str) -> None:
+def set_info(
+    mode: str,
+    cuda_graphs: bool,
+    vllm_version: str,
+    plugin_version: str,
+    fast_kernels: str = "none",
+) -> None:
+    """The encoder in force; ``fast_kernels``: fast mode's kernel choice (GEMMA4_ENCODER_FAST_
+    KERNELS), "none" in the other modes, where it does not apply."""
     info = get_metrics().info
     info.clear()
     info.labels(
         mode=mode,
+        fast_kernels=fast_kernels if mode == "fast" else "none",
         cuda_graphs="true" if cuda_graphs else "false",
         vllm_version=vllm_version,
         plugin_version=plugin_version,

@@ -53,6 +53,7 @@ class EncoderRuntime:
             cuda_graphs=self.active and self.encoder.graphs_active(self._device),
             vllm_version=vllm_version,
             plugin_version=__version__,
+            fast_kernels=settings.fast_kernels,
         )
 
     # -- one embed_multimodal call ------------------------------------------------------------
