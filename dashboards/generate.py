@@ -747,7 +747,7 @@ def encoder_dashboard() -> dict[str, Any]:
     in_force = table(
         "Encoder mode per pod",
         "gemma4_encoder_info (=1) per pod: mode (exact = bit-identical batched, fast, "
-        "stock = plugin off), fast mode's kernels (GEMMA4_ENCODER_FAST_KERNELS), whether "
+        "stock = plugin off), fast mode's layers in force (GEMMA4_ENCODER_FAST_KERNELS), whether "
         "encoder CUDA graphs are on, vLLM and plugin versions; 'fused layers' = "
         "gemma4_encoder_fused_layers (1: exact mode runs the inductor-fused layers, "
         "GEMMA4_ENCODER_FUSED); 'graphs captured' / 'graphs failed' = "

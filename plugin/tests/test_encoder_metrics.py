@@ -69,12 +69,23 @@ def test_info_gauge(exposition):
     assert value == 1
 
 
-def test_info_names_fast_modes_kernels(tmp_path):
-    # fast mode's kernel choice is on the info gauge (exact and stock say "none")
+def test_info_names_fast_modes_layers_in_force():
+    # fast mode's layers are on the info gauge (exact and stock say "none"), and a change after
+    # the first call (here: the compiled layers given up, as after a run-time failure) is reported
     script = (
-        "from gemma4_batched_encoder.metrics import set_info\n"
+        "import torch\n"
         "from prometheus_client import generate_latest\n"
-        "set_info('fast', True, '0.32.0', '0.1.0', fast_kernels='merged-triton-fp8-norms')\n"
+        "from gemma4_batched_encoder import synthetic as S\n"
+        "from gemma4_batched_encoder.runtime import EncoderRuntime\n"
+        "from gemma4_batched_encoder.settings import Settings\n"
+        "vt = S.build_vision_tower(S.vision_config_kwargs('tiny'))\n"
+        "s = Settings(mode='fast', cuda_graphs=False, fused='on', fast_kernels='merged')\n"
+        "rt = EncoderRuntime(vt, s, True, '0.32.0')\n"
+        "print(generate_latest().decode())\n"
+        "rt.encoder._fast_layers[(torch.device('cpu'), torch.float32)] = None\n"
+        "rt.begin_call(frames=1, images=0)\n"
+        "rt.end_call()\n"
+        "print('-- after --')\n"
         "print(generate_latest().decode())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
@@ -83,10 +94,11 @@ def test_info_names_fast_modes_kernels(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sample(
-        proc.stdout, "gemma4_encoder_info", mode="fast",
-        fast_kernels="merged-triton-fp8-norms", cuda_graphs="true",
-    ) == 1  # fmt: skip
+    before, after = proc.stdout.split("-- after --")
+    labels = {"mode": "fast", "cuda_graphs": "false", "vllm_version": "0.32.0"}
+    assert sample(before, "gemma4_encoder_info", fast_kernels="merged", **labels) == 1
+    assert sample(after, "gemma4_encoder_info", fast_kernels="eager", **labels) == 1
+    assert 'fast_kernels="merged"' not in after
 
 
 def test_calls_items_seconds_fallbacks(exposition):

@@ -64,6 +64,25 @@ def test_clipped_linears_keep_the_compiled_stock_layers(caplog):
         layers = enc.fast_layers(torch.device("cpu"), torch.float32)
     assert isinstance(layers, FusedLayers)
     assert "GEMMA4_ENCODER_FAST_KERNELS=merged unsupported here (clipped linears)" in caplog.text
+    # the metrics report the layers in force, not the unsupported choice
+    assert enc.fast_kernels_in_force(torch.device("cpu")) == "stock"
+
+
+def test_fast_kernels_in_force_names_what_runs():
+    from dataclasses import replace
+
+    tower = H.tower(torch.float32, seed=4)
+    cpu = torch.device("cpu")
+    base = Settings(mode="fast", cuda_graphs=False, fast_kernels="merged")
+    assert BatchedVisionEncoder(tower, base).fast_kernels_in_force(cpu) == "eager"  # auto: CUDA
+    compiled = BatchedVisionEncoder(tower, replace(base, compile_fast=True))
+    assert compiled.fast_kernels_in_force(cpu) == "compiled-pass"
+    enc = BatchedVisionEncoder(tower, replace(base, fused="on"))
+    assert enc.fast_kernels_in_force(cpu) == "merged"  # before the first call: what it builds
+    assert isinstance(enc.fast_layers(cpu, torch.float32), MergedLayers)
+    assert enc.fast_kernels_in_force(cpu) == "merged"
+    enc._fast_layers[(cpu, torch.float32)] = None  # as after a run-time failure
+    assert enc.fast_kernels_in_force(cpu) == "eager"
 
 
 def test_fast_kernels_setting(monkeypatch):

@@ -118,12 +118,7 @@ class BatchedVisionEncoder:
         """Fast mode's compiled layers (plain inductor, no bit check: fast mode promises only
         closeness), per the ``fused`` setting; None with GEMMA4_ENCODER_COMPILE, which compiles
         the whole fast pass instead."""
-        setting = self.settings.fused
-        if (
-            setting == "off"
-            or (setting == "auto" and device.type != "cuda")
-            or self.settings.compile_fast
-        ):
+        if not self._fast_layers_apply(device):
             return None
         key = (device, dtype)
         if key not in self._fast_layers:
@@ -135,6 +130,31 @@ class BatchedVisionEncoder:
                 type(self._fast_layers[key]).__name__,
             )
         return self._fast_layers[key]
+
+    def _fast_layers_apply(self, device: torch.device) -> bool:
+        setting = self.settings.fused
+        return not (
+            setting == "off"
+            or (setting == "auto" and device.type != "cuda")
+            or self.settings.compile_fast
+        )
+
+    def fast_kernels_in_force(self, device: torch.device) -> str:
+        """Fast mode's layers on ``device``, as the metrics report them: the
+        GEMMA4_ENCODER_FAST_KERNELS choice, "stock" where that choice was unsupported (compiled
+        stock layers), "eager" where no compiled layers run (CPU by default,
+        GEMMA4_ENCODER_FUSED=off, after a run-time failure), "compiled-pass" with
+        GEMMA4_ENCODER_COMPILE. Before the first call: what that call will build."""
+        if self.settings.compile_fast:
+            return "compiled-pass"
+        if not self._fast_layers_apply(device):
+            return "eager"
+        built = [layers for (d, _), layers in self._fast_layers.items() if d == device]
+        if not built:
+            return self.settings.fast_kernels
+        if built[0] is None:
+            return "eager"
+        return self.settings.fast_kernels if isinstance(built[0], MergedLayers) else "stock"
 
     def _new_fast_layers(self) -> FusedLayers | MergedLayers:
         kernels = self.settings.fast_kernels

@@ -147,8 +147,8 @@ def set_info(
     plugin_version: str,
     fast_kernels: str = "none",
 ) -> None:
-    """The encoder in force; ``fast_kernels``: fast mode's kernel choice (GEMMA4_ENCODER_FAST_
-    KERNELS), "none" in the other modes, where it does not apply."""
+    """The encoder in force; ``fast_kernels``: fast mode's layers in force
+    (``BatchedVisionEncoder.fast_kernels_in_force``), "none" in the other modes."""
     info = get_metrics().info
     info.clear()
     info.labels(

@@ -48,13 +48,14 @@ class EncoderRuntime:
         self._call_path: str | None = None
         self._fused_reported: bool | None = None  # written at the first call, then on change
         self._graphs_reported = (0, 0)  # (captured, failed), as the gauges' initial zeros
-        set_info(
-            mode=settings.mode if self.active else "stock",
-            cuda_graphs=self.active and self.encoder.graphs_active(self._device),
-            vllm_version=vllm_version,
-            plugin_version=__version__,
-            fast_kernels=settings.fast_kernels,
-        )
+        self._info = {
+            "mode": settings.mode if self.active else "stock",
+            "cuda_graphs": self.active and self.encoder.graphs_active(self._device),
+            "vllm_version": vllm_version,
+            "plugin_version": __version__,
+        }
+        self._fast_kernels_reported = self.encoder.fast_kernels_in_force(self._device)
+        set_info(**self._info, fast_kernels=self._fast_kernels_reported)
 
     # -- one embed_multimodal call ------------------------------------------------------------
     def begin_call(self, frames: int, images: int) -> None:
@@ -78,6 +79,11 @@ class EncoderRuntime:
             if fused != self._fused_reported:  # decided at the first call; no write per call
                 self._fused_reported = fused
                 self.metrics.fused_layers.set(1 if fused else 0)
+            if self._info["mode"] == "fast":  # built at the first call; may fall back later
+                kernels = self.encoder.fast_kernels_in_force(self._device)
+                if kernels != self._fast_kernels_reported:
+                    self._fast_kernels_reported = kernels
+                    set_info(**self._info, fast_kernels=kernels)
             graphs = self.encoder.graphs
             counts = (graphs.num_graphs, graphs.num_failed)
             if counts != self._graphs_reported:  # captures happen at first use of a shape
