@@ -2,21 +2,21 @@
 
 On a GPU (torch + triton + transformers, no vLLM), E4B vision dims, bf16, 6-frame 480p videos
 (21x27 patches a frame, as ``encoder_kernel_profile.py``):
-1. ``gelu_mul_quant`` (fp8_quant.py) for rows a program x warps: time and bandwidth, and whether
-   every launch gives the default launch's bytes (it must: amax is exact in any order);
+1. ``gelu_mul_quant`` (fp8_quant.py) for rows a program x warps (and, at the first count,
+   persistent launches: programs a multiprocessor x pipelining stages): time and bandwidth, and
+   whether every launch gives the default launch's bytes (it must: amax is exact in any order);
 2. ``qkv_norm_rope`` (qkv_kernel.py) for row blocks x warps x one program per head or per row
-   block (all heads: the rows' cos/sin read once): time, and the largest difference from the
-   default launch;
-3. ``add_norm_quant`` (fp8_quant.py; ``merged-triton-fp8-norms``) for rows a program x warps:
-   time, bandwidth, and whether the launch gives the default's bytes (the row sums' order may
-   differ with the launch);
+   block (all heads: the rows' cos/sin read once), and at the first count with each head as four
+   quarter loads: time, and the largest difference from the default launch;
+3. ``add_norm_quant`` (fp8_quant.py; ``merged-triton-fp8-norms``) for rows a program x warps
+   (and persistent launches, as 1.): time, bandwidth, and whether the launch gives the default's
+   bytes (the row sums' order may differ with the launch);
 4. attention as the merged layer calls it (SDPA on q/k/v transposed from [B, L, H, D]) per SDPA
    backend, and with contiguous [B, H, L, D] inputs;
 5. the whole fast pass as served (``merged-triton-fp8``, CUDA graphs, the frames' token counts
-   from the host) with the launches in the source, the fastest launches found above, the layer
-   boundary of before (each layer closing its own post-FFW residual), the frames as one
-   stacked tensor instead of a list, and ``merged-triton-fp8-norms`` (source and fastest
-   launches): wall time side by side in one process, and a profile of
+   from the host) with the launches in the source (the table as committed) and the fastest
+   launches found above, each without and with the fused norms
+   (``merged-triton-fp8-norms``): wall time side by side in one process, and a profile of
    each call's CPU span against its kernels (the time the GPU waits, the kernel count, the
    longest gaps).
 
@@ -76,87 +76,104 @@ def gpu_ms(fn: Callable[[], object], warmup: int = 5, repeats: int = 20) -> floa
     return statistics.median(times)
 
 
-def tune_gelu_quant(rows_total: int, width: int) -> list[dict]:
-    gate_up = (torch.randn(rows_total, 2 * width, device=DEVICE) * 3).to(torch.bfloat16)
-    ref_q, ref_s = fp8_quant._launch_gelu_mul_quant(gate_up)
-    moved = rows_total * 2 * width * 2 + rows_total * (width + 4)  # bytes read + written
+def _persistent(rows: tuple[int, ...], warps: tuple[int, ...], per_sm: tuple[int, ...],
+                stages: tuple[int, ...]) -> list[tuple[int, int, int, int]]:  # fmt: skip
+    """Persistent launches: (rows, warps, programs a multiprocessor, pipelining stages)."""
+    return list(itertools.product(rows, warps, per_sm, stages))
+
+
+def _sweep(
+    keys: tuple[str, ...],
+    launches: list[tuple],
+    run: Callable[..., object],
+    moved: int,
+    compare: Callable[[object], dict],
+) -> list[dict]:
+    """Each launch: its settings, median GPU ms, TB/s over ``moved`` bytes and ``compare`` of its
+    output; a launch that fails here (a compile error) is recorded and the others still run."""
     out = []
-    for rows, warps in [(r, w) for r in (1, 2, 4) for w in (4, 8, 16)] + [(8, 8), (8, 16)]:
-        q, s = fp8_quant._launch_gelu_mul_quant(gate_up, rows, warps)
-        ms = gpu_ms(lambda r=rows, w=warps: fp8_quant._launch_gelu_mul_quant(gate_up, r, w))
-        out.append(
-            {
-                "rows": rows,
-                "warps": warps,
-                "ms": round(ms, 4),
-                "tb_s": round(moved / ms / 1e9, 2),
-                "same_bytes": torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
-                and torch.equal(s, ref_s),
-            }
-        )
+    for launch in launches:
+        row: dict = dict(zip(keys, launch, strict=True))
+        try:
+            got = run(*launch)
+            ms = gpu_ms(lambda a=launch: run(*a))
+        except Exception as e:  # any failure of one launch
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        else:
+            row.update(ms=round(ms, 4), tb_s=round(moved / ms / 1e9, 2), **compare(got))
+        out.append(row)
     return out
 
 
-def tune_norm_quant(rows_total: int, width: int) -> list[dict]:
+ROW_KEYS = ("rows", "warps", "persistent", "stages")
+
+
+def tune_gelu_quant(rows_total: int, width: int, persistent: bool = True) -> list[dict]:
+    gate_up = (torch.randn(rows_total, 2 * width, device=DEVICE) * 3).to(torch.bfloat16)
+    ref_q, ref_s = fp8_quant._launch_gelu_mul_quant(gate_up, None, None, 0)
+    launches = [(r, w, 0, 1) for r in (1, 2, 4) for w in (4, 8, 16)] + [(8, 8, 0, 1), (8, 16, 0, 1)]
+    if persistent:
+        launches += _persistent((1, 2), (4, 8), (2, 4), (1, 2))
+
+    def same(got) -> dict:
+        q, s = got
+        return {
+            "same_bytes": torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+            and torch.equal(s, ref_s)
+        }
+
+    def run(*launch):
+        return fp8_quant._launch_gelu_mul_quant(gate_up, *launch)
+
+    moved = rows_total * 2 * width * 2 + rows_total * (width + 4)  # bytes read + written
+    return _sweep(ROW_KEYS, launches, run, moved, same)
+
+
+def tune_norm_quant(rows_total: int, width: int, persistent: bool = True) -> list[dict]:
     """Residual add + RMS norm + quantize (merged-triton-fp8-norms), with a branch as in every
     call but the first layer's."""
     x, branch = (torch.randn(rows_total, width, device=DEVICE).to(torch.bfloat16) for _ in "xb")
     bw, nw = (torch.rand(width, device=DEVICE).to(torch.bfloat16) + 0.5 for _ in "bn")
-    ref = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6)
+    ref = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, None, None, 0)
+    launches = [(r, w, 0, 1) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]
+    if persistent:
+        launches += _persistent((2, 4), (2, 4), (4, 8), (1, 3))
+
+    def same(got) -> dict:
+        return {
+            "same_bytes": torch.equal(got[0], ref[0])
+            and torch.equal(got[1].view(torch.uint8), ref[1].view(torch.uint8))
+            and torch.equal(got[2], ref[2])
+        }
+
+    def run(*launch):
+        return fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, *launch)
+
     moved = rows_total * width * (2 + 2 + 2 + 1) + rows_total * 4  # x, branch in; x, q, scale out
-    out = []
-    for rows, warps in [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]:
-        got = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, rows, warps)
-        ms = gpu_ms(
-            lambda r=rows, w=warps: fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, r, w)
-        )
-        out.append(
-            {
-                "rows": rows,
-                "warps": warps,
-                "ms": round(ms, 4),
-                "tb_s": round(moved / ms / 1e9, 2),
-                "same_bytes": torch.equal(got[0], ref[0])
-                and torch.equal(got[1].view(torch.uint8), ref[1].view(torch.uint8))
-                and torch.equal(got[2], ref[2]),
-            }
-        )
-    return out
+    return _sweep(ROW_KEYS, launches, run, moved, same)
 
 
-def tune_qkv(items: int, length: int, heads: int, dim: int) -> list[dict]:
+def tune_qkv(
+    items: int, length: int, heads: int, dim: int, quarters: tuple[bool, ...] = (False, True)
+) -> list[dict]:
     qkv = torch.randn(items, length, 3 * heads * dim, device=DEVICE).to(torch.bfloat16)
     angles = torch.rand(items, length, dim, device=DEVICE) * 6.28
     cos, sin = angles.cos(), angles.sin()
     qw, kw = torch.rand(dim, device=DEVICE) + 0.5, torch.rand(dim, device=DEVICE) + 0.5
     args = (qkv, cos, sin, qw.bfloat16(), kw.bfloat16(), heads, 1e-6)
-    ref = qkv_kernel._launch_qkv_norm_rope(*args)
+    # the default launch: whole-row loads (the layer's own ops are the reference of verify)
+    ref = qkv_kernel._launch_qkv_norm_rope(*args, None, None, None, False)
+    launches = list(itertools.product((16, 32, 64, 128), (2, 4, 8), (False, True), quarters))
+
+    def diff(got) -> dict:
+        d = [(g.float() - r.float()).abs().max().item() for g, r in zip(got, ref, strict=True)]
+        return {"max_abs_diff_vs_default": max(d)}
+
+    def run(*launch):
+        return qkv_kernel._launch_qkv_norm_rope(*args, *launch)
+
     moved = qkv.numel() * 2 * 2 + cos.numel() * 4 * 2  # q/k/v in and out, cos/sin once
-    out = []
-    for all_heads in (False, True):
-        for block_m in (16, 32, 64, 128):
-            for warps in (2, 4, 8):
-                got = qkv_kernel._launch_qkv_norm_rope(*args, block_m, warps, all_heads)
-                ms = gpu_ms(
-                    lambda b=block_m, w=warps, a=all_heads: qkv_kernel._launch_qkv_norm_rope(
-                        *args, b, w, a
-                    )
-                )
-                diff = max(
-                    (g.float() - r.float()).abs().max().item()
-                    for g, r in zip(got, ref, strict=True)
-                )
-                out.append(
-                    {
-                        "all_heads": all_heads,
-                        "block_m": block_m,
-                        "warps": warps,
-                        "ms": round(ms, 4),
-                        "tb_s": round(moved / ms / 1e9, 2),
-                        "max_abs_diff_vs_default": diff,
-                    }
-                )
-    return out
+    return _sweep(("block_m", "warps", "all_heads", "quarters"), launches, run, moved, diff)
 
 
 def tune_attention(items: int, length: int, heads: int, dim: int) -> list[dict]:
@@ -194,13 +211,11 @@ def tune_attention(items: int, length: int, heads: int, dim: int) -> list[dict]:
 
 
 def _fastest(rows: list[dict], keys: tuple[str, ...], ok: Callable[[dict], bool]) -> dict:
-    best = min((r for r in rows if ok(r)), key=lambda r: r["ms"])
+    best = min((r for r in rows if "ms" in r and ok(r)), key=lambda r: r["ms"])
     return {k: best[k] for k in keys}
 
 
-def _encoder(
-    vt: torch.nn.Module, per_layer_residual: bool, kernels: str = "merged-triton-fp8"
-) -> BatchedVisionEncoder:
+def _encoder(vt: torch.nn.Module, kernels: str = "merged-triton-fp8") -> BatchedVisionEncoder:
     settings = replace(
         Settings.from_env(), mode="fast", cuda_graphs=True, fused="on", fast_kernels=kernels
     )
@@ -208,13 +223,6 @@ def _encoder(
     layers = enc.fast_layers(torch.device(DEVICE), torch.bfloat16)
     if not isinstance(layers, fast_layers.MergedLayers):
         raise RuntimeError(f"{kernels} did not build here ({type(layers).__name__})")
-    if per_layer_residual:  # before: every layer closes its own post-FFW residual
-        compiled = fast_layers._compiled()
-
-        def closing(x, pending, cos, sin, w, heads, head_dim, eps, triton_qkv, *_):
-            return compiled(x, None, cos, sin, w, heads, head_dim, eps, triton_qkv, None, True)
-
-        layers.call = closing
     return enc
 
 
@@ -275,13 +283,8 @@ def whole_pass(vt: torch.nn.Module, videos: int, variants: dict[str, dict]) -> l
     rows = []
     for name, v in variants.items():
         with launch_config.overridden(v.get("launches", {})):
-            enc = _encoder(
-                vt, v.get("per_layer_residual", False), v.get("kernels", "merged-triton-fp8")
-            )
-            # a list of frames (as the bench CLI passes them) or one stacked tensor (as vLLM
-            # hands video frames: fast mode then slices views of it)
-            xs = (torch.stack(pv), torch.stack(pp)) if v.get("stacked") else (pv, pp)
-            call = lambda enc=enc, xs=xs: enc.encode(*xs, hints)  # noqa: E731
+            enc = _encoder(vt, v.get("kernels", "merged-triton-fp8"))
+            call = lambda enc=enc: enc.encode(pv, pp, hints)  # noqa: E731
             for _ in range(3):
                 call()
             times = []
@@ -338,26 +341,36 @@ def main() -> None:
     for videos in counts:
         items = videos * FRAMES
         heads, dim = cfg.num_attention_heads, cfg.head_dim
+        # the new launch dimensions (persistent row kernels, the q/k/v kernel's quarter loads)
+        # at the first count only: it picks the launches, and the whole pass below times the
+        # picked ones at every count (a second sweep of them cost minutes of compiling)
+        first = videos == counts[0]
         _section(
-            result, f"gelu_quant_{videos}v", tune_gelu_quant, items * length, cfg.intermediate_size
+            result,
+            f"gelu_quant_{videos}v",
+            tune_gelu_quant,
+            items * length,
+            cfg.intermediate_size,
+            first,
         )
-        _section(result, f"qkv_{videos}v", tune_qkv, items, length, heads, dim)
-        _section(result, f"norm_quant_{videos}v", tune_norm_quant, items * length, cfg.hidden_size)
+        qkv_forms = (False, True) if first else (False,)
+        _section(result, f"qkv_{videos}v", tune_qkv, items, length, heads, dim, qkv_forms)
+        _section(
+            result, f"norm_quant_{videos}v", tune_norm_quant, items * length, cfg.hidden_size, first
+        )
         _section(result, f"attention_{videos}v", tune_attention, items, length, heads, dim)
     # the launches for the whole pass: the fastest at the first count (16 videos: the target
-    # that is further off)
+    # that is further off); the source's are the table as committed
     variants: dict[str, dict] = {
         "source launches": {},
-        "source launches, per-layer residual (before)": {"per_layer_residual": True},
-        "source launches, frames stacked as vLLM hands them": {"stacked": True},
         "source launches, fused norms (merged-triton-fp8-norms)": {
             "kernels": "merged-triton-fp8-norms"
         },
     }
     first_gelu, first_qkv = result.get(f"gelu_quant_{counts[0]}v"), result.get(f"qkv_{counts[0]}v")
     if isinstance(first_gelu, list) and isinstance(first_qkv, list):
-        gelu = _fastest(first_gelu, ("rows", "warps"), lambda r: r["same_bytes"])
-        qkv = _fastest(first_qkv, ("block_m", "warps", "all_heads"), lambda r: True)
+        gelu = _fastest(first_gelu, ROW_KEYS, lambda r: r["same_bytes"])
+        qkv = _fastest(first_qkv, ("block_m", "warps", "all_heads", "quarters"), lambda r: True)
         # all heads a program only from the first count's rows up when the smallest count's
         # fastest launch took one program a head (too few row blocks to fill the GPU there)
         last_qkv = result.get(f"qkv_{counts[-1]}v")
@@ -368,7 +381,9 @@ def main() -> None:
         fastest = {"gelu_quant": gelu, "qkv": qkv}
         first_norm = result.get(f"norm_quant_{counts[0]}v")
         if isinstance(first_norm, list):
-            fastest["norm_quant"] = _fastest(first_norm, ("rows", "warps"), lambda r: True)
+            # the launches that give the default's bytes (torch's, on the H200): the row sums'
+            # order changes with some
+            fastest["norm_quant"] = _fastest(first_norm, ROW_KEYS, lambda r: r["same_bytes"])
         variants["fastest launches"] = {"launches": fastest}
         variants["fastest launches, fused norms"] = {
             "launches": fastest,
@@ -404,15 +419,18 @@ def _print(result: dict) -> None:
     counts = result["videos"]
     print(f"{'kernel launch (GPU ms)':<40}" + "".join(f"{str(n) + ' videos':>11}" for n in counts))
     labels = {
-        "gelu_quant": ("rows", "warps"),
-        "qkv": ("block_m", "warps", "all_heads"),
-        "norm_quant": ("rows", "warps"),
+        "gelu_quant": ROW_KEYS,
+        "qkv": ("block_m", "warps", "all_heads", "quarters"),
+        "norm_quant": ROW_KEYS,
         "attention": ("backend", "layout"),
     }
     for kind, keys in labels.items():
-        for same_launch in zip(*(rows(f"{kind}_{n}v") for n in counts), strict=False):
-            label = kind + " " + " ".join(str(same_launch[0][k])[:12] for k in keys)
-            print(f"{label:<40}" + "".join(f"{r['ms']!s:>11}" for r in same_launch))
+        # a launch's row at each count (the later counts sweep fewer launches: "-")
+        by_count = [{tuple(r[k] for k in keys): r for r in rows(f"{kind}_{n}v")} for n in counts]
+        for launch in by_count[0]:
+            label = kind + " " + " ".join(str(v)[:12] for v in launch)
+            times = [str(c[launch].get("ms", "error")) if launch in c else "-" for c in by_count]
+            print(f"{label:<40}" + "".join(f"{t:>11}" for t in times))
     for row in rows("whole_pass"):
         t = row["timeline"]
         print(

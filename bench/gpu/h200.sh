@@ -46,8 +46,8 @@
 #                                           per SDPA backend, the served pass's timeline
 #                                           (bench/fast_kernel_tune.py); the fastest launches
 #                                           entered in this tree's fast_launch.json (returned),
-#                                           then the bench and profile with them (run it
-#                                           through `bg` or `packed`: 6 files)
+#                                           then the bench, verify (fused norms) and profile
+#                                           with them (run it through `bg` or `packed`: 8 files)
 #   bench/gpu/h200.sh fast-layouts          the bench CLI with float8 fast mode (with and without the
 #                                           fused norms) on frames as a list and stacked as vLLM
 #                                           hands them (exact-fused beside: bitwise through the
@@ -307,6 +307,13 @@ fast-tune)
     --out "$OUT/fast-bench-norms.json" >"$OUT/fast-bench-norms.txt" 2>>/tmp/fast-tune-bench.log ||
     echo "bench norms: exit $?"
   grep -E "^ *(1|16) " "$OUT/fast-bench-norms.txt" || tail -n 8 /tmp/fast-tune-bench.log
+  # the deviation from exact with the table just written (a launch may change the row sums'
+  # order; the q/k/v kernel's quarter loads do)
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-norms python3 -m gemma4_batched_encoder.verify \
+    --preset e4b --device cuda --dtype bf16 --mode fast --videos 1,16 --images 4 --noise-floor \
+    >"$OUT/fast-verify-norms.json" 2>>/tmp/fast-tune-bench.log || true # fast is never bitwise
+  python3 -c "import json; d=json.load(open('$OUT/fast-verify-norms.json')); print('verify', {x: d.get(x) for x in ('max_abs_diff', 'stock_vs_fp32', 'plugin_vs_fp32')})" ||
+    tail -n 5 /tmp/fast-tune-bench.log
   python3 bench/encoder_kernel_profile.py --mode fast --videos 16 --out "$OUT/fast-profile.json" ||
     echo "profile: exit $?"
   ;;

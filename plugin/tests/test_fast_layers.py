@@ -193,6 +193,14 @@ for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     for block_m, all_heads in ((64, True), (16, True), (16, False)):
         alt = _launch_qkv_norm_rope(qkv, cos, sin, qw, kw, h, 1e-6, block_m, 2, all_heads)
         out["launches_equal"].append(all(torch.equal(a, g) for a, g in zip(alt, got)))
+    # each head as four quarter loads: the same arithmetic but the norm's sum in another order
+    quarters = [_launch_qkv_norm_rope(qkv, cos, sin, qw, kw, h, 1e-6, b, 2, a, True)
+                for b, a in ((64, True), (16, False))]
+    out["quarters"] = out.get("quarters", []) + [
+        max(((g.float() - r.float()).abs().max() / r.abs().max()).item() for g, r in zip(alt, ref))
+        for alt in quarters]
+    out["quarters_launches_equal"] = out.get("quarters_launches_equal", []) + [
+        all(torch.equal(a, b) for a, b in zip(*quarters))]
 tower = H.tower(torch.float32, seed=3)
 pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
 stock = Settings(mode="fast", cuda_graphs=False, fused="off")
@@ -235,6 +243,10 @@ def test_the_triton_qkv_kernel_computes_the_layers_norms_and_rotary():
     assert max(result["kernel"]["fp32"]) < 1e-6
     assert max(result["kernel"]["bf16"]) < 2e-2  # one rounding where bf16 eager has several
     assert result["launches_equal"] == [True] * 6
+    # the quarter loads (fp32, bf16; two launches each): as close to the layer's ops as the rows
+    quarters = result["quarters"]
+    assert max(quarters[:2]) < 1e-6 and max(quarters[2:]) < 2e-2
+    assert result["quarters_launches_equal"] == [True, True]
     assert result["encoder"] < 1e-5
 
 
@@ -248,7 +260,7 @@ def test_the_triton_fp8_kernel_quantizes_gelu_times_up_per_row():
     assert set(result["kernel"]) == {"fp32-96", "bf16-96"}
     for k in result["kernel"].values():
         assert k["dtypes"] == ["torch.float8_e4m3fn", "torch.float32"]
-        assert k["launches_equal"] == [True, True]
+        assert k["launches_equal"] == [True, True, True]
         assert k["shapes"] == [[6, 96], [6, 1]]
         assert k["finite"]
         assert k["scale_rel"] < 1e-5  # the same amax (fp32 GELU either way)
@@ -260,7 +272,7 @@ def test_the_triton_fp8_kernel_quantizes_gelu_times_up_per_row():
     cases = result["norm_quant"]
     assert len(cases) == 9
     for key, k in cases.items():
-        assert k["empty_when_no_branch"] and k["launches_equal"] == [True, True], key
+        assert k["empty_when_no_branch"] and k["launches_equal"] == [True] * 3, key
         if key.startswith("fp32"):  # only the sums' order and rsqrt differ from eager
             assert k["stream_steps"] < 4 and k["scale_rel"] < 1e-5, key
             assert k["equal"] > 0.99 and k["dequant_rel"] < 1e-4, key

@@ -42,6 +42,21 @@ def launch(kernel: str, device: torch.device) -> dict[str, Any]:
     return {**table()["default"][kernel], **entry.get(kernel, {}), **_overrides.get(kernel, {})}
 
 
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # Triton's interpreter (the CPU tests): a few programs, each looping
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def programs(blocks: int, per_multiprocessor: int, device: torch.device) -> int:
+    """A row kernel's grid: one program a block of rows, or (``per_multiprocessor`` > 0, a
+    persistent launch) at most that many programs a multiprocessor, each looping over blocks."""
+    if per_multiprocessor <= 0:
+        return blocks
+    return min(blocks, per_multiprocessor * _multiprocessors(device))
+
+
 @contextlib.contextmanager
 def overridden(launches: dict[str, dict[str, Any]]) -> Iterator[None]:
     """Other launches while the block runs (the tuning bench; graphs captured inside keep them)."""

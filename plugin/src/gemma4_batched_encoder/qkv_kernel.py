@@ -5,8 +5,11 @@ rotary (``apply_multidimensional_rope``: each half of the head dim rotated by ``
 with its own axis' angles), v a norm without scale. Inductor fused this into one kernel that
 took 0.49 ms a layer at 16 videos on the H200 (~1 TB/s; 8 of fast mode's 49 GPU ms,
 bench/results/h200/encoder-fast-kernels/). Here one program normalises and rotates a block of
-rows of one head in registers: the rotated partner of each element is a second load of the
-same row (an L1 hit), so q/k/v are read once and written once.
+rows of one head (or of all heads: ``all_heads``) in registers: the rotated partner of each
+element is a second load of the same row (an L1 hit), so q/k/v are read once from memory and
+written once. With ``quarters`` (a launch choice, launch_config.py) each head is loaded as its
+four quarters instead, every load a contiguous run and none repeated: rotate_half only pairs
+quarters, so the rotary needs no second load (the norm's sum then adds in another order).
 
 Arithmetic as the layer's, in fp32 with one rounding to the output dtype after the norm and one
 after the rotary (the stock layer rounds each bf16 op): fast mode's deviation, not exact's bits.
@@ -88,29 +91,86 @@ if triton is not None:
         tl.store(dst + d[None, :], out.to(dst.dtype.element_ty), mask=m2)
 
     @triton.jit
+    def _norm_rope_quarters(
+        src, w_ptr, dst, c0, c1, c2, c3, s0, s1, s2, s3, e, m2, eps, D: tl.constexpr
+    ):
+        # the same arithmetic from four loads of a quarter of the head each, so that no element
+        # is loaded twice and every load is a contiguous run: rotate_half pairs quarters 0-1 and
+        # 2-3 ([a, b] -> [-b, a]); only the norm's sum runs in another order
+        Q: tl.constexpr = D // 4
+        x0 = tl.load(src + e[None, :], mask=m2, other=0.0).to(tl.float32)
+        x1 = tl.load(src + Q + e[None, :], mask=m2, other=0.0).to(tl.float32)
+        x2 = tl.load(src + 2 * Q + e[None, :], mask=m2, other=0.0).to(tl.float32)
+        x3 = tl.load(src + 3 * Q + e[None, :], mask=m2, other=0.0).to(tl.float32)
+        squares = tl.sum(x0 * x0, axis=1) + tl.sum(x1 * x1, axis=1)
+        squares += tl.sum(x2 * x2, axis=1) + tl.sum(x3 * x3, axis=1)
+        inv = (1.0 / tl.sqrt(squares / D + eps))[:, None]
+        ty = dst.dtype.element_ty
+        n0 = (x0 * inv * tl.load(w_ptr + e).to(tl.float32)[None, :]).to(ty).to(tl.float32)
+        n1 = (x1 * inv * tl.load(w_ptr + Q + e).to(tl.float32)[None, :]).to(ty).to(tl.float32)
+        n2 = (x2 * inv * tl.load(w_ptr + 2 * Q + e).to(tl.float32)[None, :]).to(ty).to(tl.float32)
+        n3 = (x3 * inv * tl.load(w_ptr + 3 * Q + e).to(tl.float32)[None, :]).to(ty).to(tl.float32)
+        tl.store(dst + e[None, :], (n0 * c0 + (-n1) * s0).to(ty), mask=m2)
+        tl.store(dst + Q + e[None, :], (n1 * c1 + n0 * s1).to(ty), mask=m2)
+        tl.store(dst + 2 * Q + e[None, :], (n2 * c2 + (-n3) * s2).to(ty), mask=m2)
+        tl.store(dst + 3 * Q + e[None, :], (n3 * c3 + n2 * s3).to(ty), mask=m2)
+
+    @triton.jit
+    def _quarters(ptr, rows, e, m2, D: tl.constexpr):
+        # a [rows, D] table (cos or sin) as its four [rows, D/4] quarters, in fp32
+        at = ptr + rows[:, None] * D + e[None, :]
+        Q: tl.constexpr = D // 4
+        return (
+            tl.load(at, mask=m2, other=0.0).to(tl.float32),
+            tl.load(at + Q, mask=m2, other=0.0).to(tl.float32),
+            tl.load(at + 2 * Q, mask=m2, other=0.0).to(tl.float32),
+            tl.load(at + 3 * Q, mask=m2, other=0.0).to(tl.float32),
+        )
+
+    @triton.jit
     def _qkv_norm_rope_kernel(
         qkv, cos, sin, qw, kw, q_out, k_out, v_out, M, eps,
         H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, ALL_HEADS: tl.constexpr,
+        QUARTERS: tl.constexpr,
     ):  # fmt: skip
         # ALL_HEADS: one program takes every head of its rows, so the rows' cos/sin are read once
-        # (else once per head: a second grid axis)
+        # (else once per head: a second grid axis). QUARTERS: each head as four quarter loads
+        # (_norm_rope_quarters), else as whole rows plus a second load of the rotated partners.
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        d = tl.arange(0, D)
         m2 = (rows < M)[:, None]
-        # rotate_half within each half of the head dim: [a, b] -> [-b, a], a and b D/4 wide
-        quarter: tl.constexpr = D // 4
-        first = (d % (2 * quarter)) < quarter
-        rot = tl.where(first, d + quarter, d - quarter)
-        sign = tl.where(first, -1.0, 1.0)
-        c = tl.load(cos + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
-        s = tl.load(sin + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
-        if ALL_HEADS:
-            for h in tl.static_range(H):
-                _qkv_head(qkv, qw, kw, q_out, k_out, v_out, rows, h, c, s, d, rot, sign, m2, eps,
-                          H, D)  # fmt: skip
+        if QUARTERS:
+            e = tl.arange(0, D // 4)
+            c0, c1, c2, c3 = _quarters(cos, rows, e, m2, D)
+            s0, s1, s2, s3 = _quarters(sin, rows, e, m2, D)
+            if ALL_HEADS:
+                for h in tl.static_range(H):
+                    _qkv_head_quarters(qkv, qw, kw, q_out, k_out, v_out, rows, h, c0, c1, c2, c3,
+                                       s0, s1, s2, s3, e, m2, eps, H, D)  # fmt: skip
+            else:
+                _qkv_head_quarters(qkv, qw, kw, q_out, k_out, v_out, rows, tl.program_id(1), c0,
+                                   c1, c2, c3, s0, s1, s2, s3, e, m2, eps, H, D)  # fmt: skip
         else:
-            _qkv_head(qkv, qw, kw, q_out, k_out, v_out, rows, tl.program_id(1), c, s, d, rot,
-                      sign, m2, eps, H, D)  # fmt: skip
+            d = tl.arange(0, D)
+            # rotate_half within each half of the head dim: [a, b] -> [-b, a], a and b D/4 wide
+            quarter: tl.constexpr = D // 4
+            first = (d % (2 * quarter)) < quarter
+            rot = tl.where(first, d + quarter, d - quarter)
+            sign = tl.where(first, -1.0, 1.0)
+            c = tl.load(cos + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+            s = tl.load(sin + rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+            if ALL_HEADS:
+                for h in tl.static_range(H):
+                    _qkv_head(qkv, qw, kw, q_out, k_out, v_out, rows, h, c, s, d, rot, sign, m2,
+                              eps, H, D)  # fmt: skip
+            else:
+                _qkv_head(qkv, qw, kw, q_out, k_out, v_out, rows, tl.program_id(1), c, s, d, rot,
+                          sign, m2, eps, H, D)  # fmt: skip
+
+    @triton.jit
+    def _v_norm(src, dst, d, m2, eps, D: tl.constexpr):
+        v = tl.load(src + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / D + eps)
+        tl.store(dst + d[None, :], (v * inv[:, None]).to(dst.dtype.element_ty), mask=m2)
 
     @triton.jit
     def _qkv_head(
@@ -121,9 +181,19 @@ if triton is not None:
         out = rows[:, None] * (H * D) + h * D
         _norm_rope_head(src, qw, q_out + out, c, s, d, rot, sign, m2, eps, D)
         _norm_rope_head(src + H * D, kw, k_out + out, c, s, d, rot, sign, m2, eps, D)
-        v = tl.load(src + 2 * H * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / D + eps)
-        tl.store(v_out + out + d[None, :], (v * inv[:, None]).to(v_out.dtype.element_ty), mask=m2)
+        _v_norm(src + 2 * H * D, v_out + out, d, m2, eps, D)
+
+    @triton.jit
+    def _qkv_head_quarters(
+        qkv, qw, kw, q_out, k_out, v_out, rows, h, c0, c1, c2, c3, s0, s1, s2, s3, e, m2, eps,
+        H: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
+        src = qkv + rows[:, None] * (3 * H * D) + h * D
+        out = rows[:, None] * (H * D) + h * D
+        _norm_rope_quarters(src, qw, q_out + out, c0, c1, c2, c3, s0, s1, s2, s3, e, m2, eps, D)
+        _norm_rope_quarters(src + H * D, kw, k_out + out, c0, c1, c2, c3, s0, s1, s2, s3, e, m2,
+                            eps, D)  # fmt: skip
+        _v_norm(src + 2 * H * D, v_out + out, tl.arange(0, D), m2, eps, D)
 
 
 def triton_usable(t: Tensor) -> bool:
@@ -161,6 +231,7 @@ def _launch_qkv_norm_rope(
     block_m: int | None = None,
     warps: int | None = None,
     all_heads: bool | None = None,
+    quarters: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     b, n, width = qkv.shape
     dim = width // (3 * heads)
@@ -179,6 +250,7 @@ def _launch_qkv_norm_rope(
     _qkv_norm_rope_kernel[grid](
         qkv, cos, sin, q_weight.contiguous(), k_weight.contiguous(), q, k, v, rows, eps,
         H=heads, D=dim, BLOCK_M=block, ALL_HEADS=all_heads,
+        QUARTERS=choice.get("quarters", False) if quarters is None else quarters,
         num_warps=warps or choice["warps"],
     )  # fmt: skip
     return q, k, v
