@@ -2,15 +2,14 @@
 
 On a GPU (torch + triton + transformers, no vLLM), E4B vision dims, bf16, 6-frame 480p videos
 (21x27 patches a frame, as ``encoder_kernel_profile.py``):
-1. ``gelu_mul_quant`` (fp8_quant.py) for rows a program x warps (and, at the first count,
-   persistent launches: programs a multiprocessor x pipelining stages): time and bandwidth, and
-   whether every launch gives the default launch's bytes (it must: amax is exact in any order);
+1. ``gelu_mul_quant`` (fp8_quant.py) for rows a program x warps: time and bandwidth, and whether
+   every launch gives the default launch's bytes (it must: amax is exact in any order);
 2. ``qkv_norm_rope`` (qkv_kernel.py) for row blocks x warps x one program per head or per row
    block (all heads: the rows' cos/sin read once), and at the first count with each head as four
    quarter loads: time, and the largest difference from the default launch;
-3. ``add_norm_quant`` (fp8_quant.py; ``merged-triton-fp8-norms``) for rows a program x warps
-   (and persistent launches, as 1.): time, bandwidth, and whether the launch gives the default's
-   bytes (the row sums' order may differ with the launch);
+3. ``add_norm_quant`` (fp8_quant.py; ``merged-triton-fp8-norms``) for rows a program x warps:
+   time, bandwidth, and whether the launch gives the default's bytes (the row sums' order may
+   differ with the launch);
 4. attention as the merged layer calls it (SDPA on q/k/v transposed from [B, L, H, D]) per SDPA
    backend, and with contiguous [B, H, L, D] inputs;
 5. the whole fast pass as served (``merged-triton-fp8``, CUDA graphs, the frames' token counts
@@ -76,12 +75,6 @@ def gpu_ms(fn: Callable[[], object], warmup: int = 5, repeats: int = 20) -> floa
     return statistics.median(times)
 
 
-def _persistent(rows: tuple[int, ...], warps: tuple[int, ...], per_sm: tuple[int, ...],
-                stages: tuple[int, ...]) -> list[tuple[int, int, int, int]]:  # fmt: skip
-    """Persistent launches: (rows, warps, programs a multiprocessor, pipelining stages)."""
-    return list(itertools.product(rows, warps, per_sm, stages))
-
-
 def _sweep(
     keys: tuple[str, ...],
     launches: list[tuple],
@@ -105,15 +98,13 @@ def _sweep(
     return out
 
 
-ROW_KEYS = ("rows", "warps", "persistent", "stages")
+ROW_KEYS = ("rows", "warps")
 
 
-def tune_gelu_quant(rows_total: int, width: int, persistent: bool = True) -> list[dict]:
+def tune_gelu_quant(rows_total: int, width: int) -> list[dict]:
     gate_up = (torch.randn(rows_total, 2 * width, device=DEVICE) * 3).to(torch.bfloat16)
-    ref_q, ref_s = fp8_quant._launch_gelu_mul_quant(gate_up, None, None, 0)
-    launches = [(r, w, 0, 1) for r in (1, 2, 4) for w in (4, 8, 16)] + [(8, 8, 0, 1), (8, 16, 0, 1)]
-    if persistent:
-        launches += _persistent((1, 2), (4, 8), (2, 4), (1, 2))
+    ref_q, ref_s = fp8_quant._launch_gelu_mul_quant(gate_up)
+    launches = [(r, w) for r in (1, 2, 4) for w in (4, 8, 16)] + [(8, 8), (8, 16)]
 
     def same(got) -> dict:
         q, s = got
@@ -129,15 +120,13 @@ def tune_gelu_quant(rows_total: int, width: int, persistent: bool = True) -> lis
     return _sweep(ROW_KEYS, launches, run, moved, same)
 
 
-def tune_norm_quant(rows_total: int, width: int, persistent: bool = True) -> list[dict]:
+def tune_norm_quant(rows_total: int, width: int) -> list[dict]:
     """Residual add + RMS norm + quantize (merged-triton-fp8-norms), with a branch as in every
     call but the first layer's."""
     x, branch = (torch.randn(rows_total, width, device=DEVICE).to(torch.bfloat16) for _ in "xb")
     bw, nw = (torch.rand(width, device=DEVICE).to(torch.bfloat16) + 0.5 for _ in "bn")
-    ref = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6, None, None, 0)
-    launches = [(r, w, 0, 1) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]
-    if persistent:
-        launches += _persistent((2, 4), (2, 4), (4, 8), (1, 3))
+    ref = fp8_quant._launch_add_norm_quant(x, branch, bw, nw, 1e-6)
+    launches = [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]
 
     def same(got) -> dict:
         return {
@@ -341,23 +330,14 @@ def main() -> None:
     for videos in counts:
         items = videos * FRAMES
         heads, dim = cfg.num_attention_heads, cfg.head_dim
-        # the new launch dimensions (persistent row kernels, the q/k/v kernel's quarter loads)
-        # at the first count only: it picks the launches, and the whole pass below times the
-        # picked ones at every count (a second sweep of them cost minutes of compiling)
-        first = videos == counts[0]
+        # the q/k/v kernel's quarter loads at the first count only: it picks the launches, and
+        # the whole pass below times the picked ones at every count
+        qkv_forms = (False, True) if videos == counts[0] else (False,)
         _section(
-            result,
-            f"gelu_quant_{videos}v",
-            tune_gelu_quant,
-            items * length,
-            cfg.intermediate_size,
-            first,
+            result, f"gelu_quant_{videos}v", tune_gelu_quant, items * length, cfg.intermediate_size
         )
-        qkv_forms = (False, True) if first else (False,)
         _section(result, f"qkv_{videos}v", tune_qkv, items, length, heads, dim, qkv_forms)
-        _section(
-            result, f"norm_quant_{videos}v", tune_norm_quant, items * length, cfg.hidden_size, first
-        )
+        _section(result, f"norm_quant_{videos}v", tune_norm_quant, items * length, cfg.hidden_size)
         _section(result, f"attention_{videos}v", tune_attention, items, length, heads, dim)
     # the launches for the whole pass: the fastest at the first count (16 videos: the target
     # that is further off); the source's are the table as committed

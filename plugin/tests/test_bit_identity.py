@@ -10,7 +10,7 @@ import torch
 
 from gemma4_batched_encoder import Settings, encode_frames
 from gemma4_batched_encoder import synthetic as S
-from gemma4_batched_encoder.pooling import pool_exact
+from gemma4_batched_encoder.pooling import pool_exact, pool_fast
 from gemma4_batched_encoder.reference import serial_per_item, upstream_batched
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -108,6 +108,29 @@ def test_pooler_matches_stock_pooler_per_row(tower, batch_size):
             # the valid bins are a prefix: what lets the plugin slice instead of mask-index
             n = int(mask.sum())
             assert bool(mask[0, :n].all()) and not bool(mask[0, n:].any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fast_pooler_is_within_two_steps_of_the_stock_pooler(dtype):
+    """pool_fast (valid patches, one GEMM in the hidden dtype) against the transformers pooler
+    per row: it rounds the bins' sums where the stock pooler rounds their means (and scales by
+    one constant): within two steps of the largest value."""
+    tower = H.tower(dtype, seed=7)
+    _, pps = H.batch([H.FRAME_480P] * 3, dtype, seed=7)
+    valid = int((pps[0] != -1).all(-1).sum())
+    pp = torch.stack(pps)[:, :valid]
+    hidden = torch.randn(pp.shape[0], valid, tower.config.hidden_size).to(dtype)
+    length, root = valid // H.K**2, tower.pooler.root_hidden_size
+    with torch.inference_mode():
+        got = pool_fast(hidden, pp, length, H.K, root)
+        no_pad = torch.zeros(1, valid, dtype=torch.bool)
+        rows = [tower.pooler(hidden[i : i + 1], pp[i : i + 1], no_pad, length)[0] for i in range(3)]
+        want = torch.cat(rows)
+        wrong = pool_fast(hidden, pp.flip(-1), length, H.K, root)  # bins of the transposed grid
+    assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
+    step = torch.finfo(dtype).eps * want.abs().max()
+    assert (got - want).abs().max() <= 2 * step
+    assert (wrong - want).abs().max() > 10 * step
 
 
 def test_fast_mode_close_not_required_identical(tower):

@@ -18,7 +18,7 @@ import transformers.masking_utils as masking_utils
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 
-from .pooling import pool_batched, pool_exact
+from .pooling import pool_exact, pool_fast
 
 if TYPE_CHECKING:
     from .fast_layers import MergedLayers
@@ -146,13 +146,17 @@ def fast_chunk(
     """[B, L', H] soft tokens from valid patches only (the caller slices off the padding suffix).
 
     No padding means no attention mask (flash SDPA can run) and fewer tokens; one batched pooler
-    GEMM. Mathematically equal to the exact path; not bitwise. ``layers``: the encoder layers
-    compiled (``FusedLayers(vt, exact=False)``) instead of ``vt.encoder``.
+    GEMM in the hidden dtype (``pool_fast``). Mathematically equal to the exact path; not bitwise.
+    ``layers``: the encoder layers compiled (``FusedLayers(vt, exact=False)``) instead of
+    ``vt.encoder``; merged layers also embed the patches (``MergedLayers.embed``).
     """
     k = vt.config.pooling_kernel_size
     output_length = pixel_values.shape[1] // (k * k)
-    padding = torch.zeros(position_ids.shape[:2], dtype=torch.bool, device=position_ids.device)
-    embeds = vt.patch_embedder(pixel_values, position_ids, padding)
+    embed = getattr(layers, "embed", None)  # MergedLayers' (no runtime import: a cycle)
+    embeds = embed(pixel_values, position_ids) if embed is not None else None
+    if embeds is None:
+        padding = torch.zeros(position_ids.shape[:2], dtype=torch.bool, device=position_ids.device)
+        embeds = vt.patch_embedder(pixel_values, position_ids, padding)
     hidden = _encode(vt, embeds, None, position_ids, layers)
-    pooled = pool_batched(hidden, position_ids, None, output_length, k, vt.pooler.root_hidden_size)
+    pooled = pool_fast(hidden, position_ids, output_length, k, vt.pooler.root_hidden_size)
     return _finish(vt, pooled, embeds.dtype)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .launch_config import launch, programs
+from .launch_config import launch
 from .qkv_kernel import triton, triton_usable
 
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
@@ -57,9 +57,10 @@ if triton is not None:
     _SQRT_2_OVER_PI: tl.constexpr = tl.constexpr(0.7978845608028654)
 
     @triton.jit
-    def _gelu_mul_quant_rows(gate_up, out, scale_out, m, width, blk, BLOCK: tl.constexpr,
-                             ROWS: tl.constexpr):  # fmt: skip
-        rows = (tl.arange(0, ROWS) + blk * ROWS).to(tl.int64)  # int64: rows x width offsets
+    def _gelu_mul_quant_kernel(
+        gate_up, out, scale_out, m, width, BLOCK: tl.constexpr, ROWS: tl.constexpr
+    ):
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK)
         row_ok = rows < m
         mask = row_ok[:, None] & (cols < width)[None, :]
@@ -73,27 +74,9 @@ if triton is not None:
         tl.store(dst, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
         tl.store(scale_out + rows, scale, mask=row_ok)
 
-    @triton.jit
-    def _gelu_mul_quant_kernel(
-        gate_up, out, scale_out, m, width, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-        PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-    ):  # fmt: skip
-        # PERSISTENT: a grid of a few programs an SM, each looping over row blocks (STAGES: the
-        # loop's software pipelining); else one program a row block
-        if PERSISTENT:
-            blocks = tl.cdiv(m, ROWS)
-            for blk in tl.range(tl.program_id(0), blocks, tl.num_programs(0), num_stages=STAGES):
-                _gelu_mul_quant_rows(gate_up, out, scale_out, m, width, blk, BLOCK, ROWS)
-        else:
-            _gelu_mul_quant_rows(gate_up, out, scale_out, m, width, tl.program_id(0), BLOCK, ROWS)
-
 
 def _launch_gelu_mul_quant(
-    gate_up: Tensor,
-    rows: int | None = None,
-    warps: int | None = None,
-    persistent: int | None = None,
-    stages: int | None = None,
+    gate_up: Tensor, rows: int | None = None, warps: int | None = None
 ) -> tuple[Tensor, Tensor]:
     m, both = gate_up.shape
     width = both // 2
@@ -106,13 +89,10 @@ def _launch_gelu_mul_quant(
     choice = launch("gelu_quant", gate_up.device)
     rows = rows or choice["rows"]
     warps = warps or choice["warps"] or min(16, max(4, rows * block // 256))
-    # persistent: programs a multiprocessor looping over row blocks (0: one program a block)
-    per_sm = choice.get("persistent", 0) if persistent is None else persistent
-    grid = (programs(triton.cdiv(m, rows), per_sm, gate_up.device),)
+    grid = (triton.cdiv(m, rows),)
     _gelu_mul_quant_kernel[grid](
-        gate_up, out, scale, m, width, BLOCK=block, ROWS=rows, PERSISTENT=per_sm > 0,
-        STAGES=stages or choice.get("stages", 1), num_warps=warps,
-    )  # fmt: skip
+        gate_up, out, scale, m, width, BLOCK=block, ROWS=rows, num_warps=warps
+    )
     return out, scale
 
 
@@ -154,12 +134,12 @@ def add_norm_quant_reference(
 if triton is not None:
 
     @triton.jit
-    def _add_norm_quant_rows(
-        x, branch, branch_w, norm_w, x_out, q_out, scale_out, m, width, eps, blk,
+    def _add_norm_quant_kernel(
+        x, branch, branch_w, norm_w, x_out, q_out, scale_out, m, width, eps,
         HAS_BRANCH: tl.constexpr, HAS_BRANCH_W: tl.constexpr, HAS_NORM_W: tl.constexpr,
         BLOCK: tl.constexpr, ROWS: tl.constexpr,
     ):  # fmt: skip
-        rows = (tl.arange(0, ROWS) + blk * ROWS).to(tl.int64)  # int64: rows x width offsets
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK)
         row_ok = rows < m
         col_ok = cols < width
@@ -183,24 +163,6 @@ if triton is not None:
         tl.store(q_out + at, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
         tl.store(scale_out + rows, scale, mask=row_ok)
 
-    @triton.jit
-    def _add_norm_quant_kernel(
-        x, branch, branch_w, norm_w, x_out, q_out, scale_out, m, width, eps,
-        HAS_BRANCH: tl.constexpr, HAS_BRANCH_W: tl.constexpr, HAS_NORM_W: tl.constexpr,
-        BLOCK: tl.constexpr, ROWS: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-    ):  # fmt: skip
-        # PERSISTENT, STAGES: as _gelu_mul_quant_kernel's
-        if PERSISTENT:
-            blocks = tl.cdiv(m, ROWS)
-            for blk in tl.range(tl.program_id(0), blocks, tl.num_programs(0), num_stages=STAGES):
-                _add_norm_quant_rows(x, branch, branch_w, norm_w, x_out, q_out, scale_out, m,
-                                     width, eps, blk, HAS_BRANCH, HAS_BRANCH_W, HAS_NORM_W, BLOCK,
-                                     ROWS)  # fmt: skip
-        else:
-            _add_norm_quant_rows(x, branch, branch_w, norm_w, x_out, q_out, scale_out, m, width,
-                                 eps, tl.program_id(0), HAS_BRANCH, HAS_BRANCH_W, HAS_NORM_W,
-                                 BLOCK, ROWS)  # fmt: skip
-
 
 def _launch_add_norm_quant(
     x: Tensor,
@@ -210,8 +172,6 @@ def _launch_add_norm_quant(
     eps: float,
     rows: int | None = None,
     warps: int | None = None,
-    persistent: int | None = None,
-    stages: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     m, width = x.shape
     x = x.contiguous()
@@ -221,9 +181,8 @@ def _launch_add_norm_quant(
     choice = launch("norm_quant", x.device)
     rows = rows or choice["rows"]
     warps = warps or choice["warps"]
-    per_sm = choice.get("persistent", 0) if persistent is None else persistent  # as gelu_quant's
     dummy = x  # never read where its HAS_* flag is off
-    _add_norm_quant_kernel[(programs(triton.cdiv(m, rows), per_sm, x.device),)](
+    _add_norm_quant_kernel[(triton.cdiv(m, rows),)](
         x,
         branch.contiguous() if branch is not None else dummy,
         branch_weight if branch_weight is not None else dummy,
@@ -239,8 +198,6 @@ def _launch_add_norm_quant(
         HAS_NORM_W=norm_weight is not None,
         BLOCK=triton.next_power_of_2(width),
         ROWS=rows,
-        PERSISTENT=per_sm > 0,
-        STAGES=stages or choice.get("stages", 1),
         num_warps=warps,
     )
     return x_out, q, scale

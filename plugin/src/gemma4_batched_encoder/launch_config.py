@@ -6,8 +6,10 @@ device without an entry. A launch changes a kernel's time, not its formulas: the
 quantize kernel gives the same bytes under every launch (amax is exact in any order; checked in
 Triton's interpreter by make test and compiled on the H200), and so does the q/k/v kernel in the
 interpreter; compiled, a launch with more warps than its rows fill may sum a row's squares in
-another order (16 rows with 8 warps: one bf16 step on the H200, twentieth sitting). The H200's
-entry gave the default's bytes there.
+another order (16 rows with 8 warps: one bf16 step on the H200, twentieth sitting). The q/k/v
+kernel's ``quarters`` is a formulation rather than a launch (each head as four quarter loads; the
+norm's sum in another order: up to one bf16 step from the default on the H200, twenty-second
+sitting), picked by the same tuning because it only changes the time and that sum's order.
 """
 
 from __future__ import annotations
@@ -40,21 +42,6 @@ def launch(kernel: str, device: torch.device) -> dict[str, Any]:
     """``kernel``'s launch on ``device``: the default, then the device's entry, then overrides."""
     entry = table().get(device_name(device), {})
     return {**table()["default"][kernel], **entry.get(kernel, {}), **_overrides.get(kernel, {})}
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # Triton's interpreter (the CPU tests): a few programs, each looping
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def programs(blocks: int, per_multiprocessor: int, device: torch.device) -> int:
-    """A row kernel's grid: one program a block of rows, or (``per_multiprocessor`` > 0, a
-    persistent launch) at most that many programs a multiprocessor, each looping over blocks."""
-    if per_multiprocessor <= 0:
-        return blocks
-    return min(blocks, per_multiprocessor * _multiprocessors(device))
 
 
 @contextlib.contextmanager

@@ -17,13 +17,17 @@ import torch
 import torch.nn.functional as F
 
 
-def pooling_weights(position_ids: torch.Tensor, length: int, k: int) -> torch.Tensor:
-    """One-hot bin weights [B, P, L] (fp32), the same ops as transformers' pooler."""
+def _bins(position_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Each patch's pooling bin [B, P] (int64), the same ops as transformers' pooler."""
     clamped = position_ids.clamp(min=0)
     max_x = clamped[..., 0].max(dim=-1, keepdim=True)[0] + 1
     kernel_idxs = torch.div(clamped, k, rounding_mode="floor")
-    kernel_idxs = kernel_idxs[..., 0] + (max_x // k) * kernel_idxs[..., 1]
-    return F.one_hot(kernel_idxs.long(), length).float() / (k * k)
+    return (kernel_idxs[..., 0] + (max_x // k) * kernel_idxs[..., 1]).long()
+
+
+def pooling_weights(position_ids: torch.Tensor, length: int, k: int) -> torch.Tensor:
+    """One-hot bin weights [B, P, L] (fp32), the same ops as transformers' pooler."""
+    return F.one_hot(_bins(position_ids, k), length).float() / (k * k)
 
 
 def pool_exact(
@@ -59,3 +63,22 @@ def pool_batched(
         weights_t = pooling_weights(position_ids, output_length, k).transpose(1, 2)
         hidden = (weights_t @ hidden.float()).to(hidden.dtype)
     return hidden.float() * root_hidden_size
+
+
+def pool_fast(
+    hidden: torch.Tensor,
+    position_ids: torch.Tensor,
+    output_length: int,
+    k: int,
+    root_hidden_size: float,
+) -> torch.Tensor:
+    """Fast mode's pooler (valid patches only, no padding): each bin's sum as one batched GEMM in
+    the hidden dtype (a 0/1 one-hot is exact there; the GEMM accumulates in fp32), then the mean
+    and the scale in fp32. The stock pooler rounds the mean, this the sum, to the hidden dtype:
+    within a step of it. In bf16 it reads the hidden state once, where the fp32 GEMM first copied
+    it to fp32 (twenty-second sitting: 0.15 GPU ms at 16 videos on the H200)."""
+    if hidden.shape[1] == output_length:
+        return hidden.float() * root_hidden_size
+    one_hot = F.one_hot(_bins(position_ids, k), output_length).to(hidden.dtype)
+    sums = one_hot.transpose(1, 2) @ hidden
+    return sums.float() * (root_hidden_size / (k * k))
