@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin" / "src"))
 
 from gemma4_batched_encoder import fast_layers, fp8_quant, launch_config, qkv_kernel
 from gemma4_batched_encoder import synthetic as S
+from gemma4_batched_encoder.bench import event_ms
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 from gemma4_batched_encoder.inputs import count_valid_patches
 from gemma4_batched_encoder.settings import Settings
@@ -58,21 +59,11 @@ def _sync() -> None:
 
 def gpu_ms(fn: Callable[[], object], warmup: int = 5, repeats: int = 20) -> float:
     """Median GPU time of ``fn`` (CUDA events around each call)."""
-    for _ in range(warmup if DEVICE == "cuda" else 0):
-        fn()
     if DEVICE != "cuda":  # the script's own check: one untimed-quality run
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(event_ms(fn, warmup, repeats))
 
 
 def _sweep(

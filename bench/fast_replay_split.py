@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from gemma4_batched_encoder import synthetic as S
+from gemma4_batched_encoder.bench import event_ms, timed
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 from gemma4_batched_encoder.settings import Settings
 
@@ -29,14 +30,7 @@ FRAME = S.Media("frame", (21, 27), 70)  # 480p: 567 patches padded to 630, 63 to
 
 
 def _median_ms(fn: Callable[[], object], n: int = 40) -> float:
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 3)
+    return round(statistics.median(timed(fn, "cuda", 0, n)[1]), 3)
 
 
 def split(vt: torch.nn.Module, videos: int) -> dict:
@@ -49,20 +43,15 @@ def split(vt: torch.nn.Module, videos: int) -> dict:
         enc.encode(pv, pp, hints)
     if enc.graphs.num_graphs != 1:
         raise SystemExit(f"expected one captured graph, found {enc.graphs.num_graphs}")
-    graph = next(iter(enc.graphs._graphs.values())).graph
-    host, events = [], []
-    for _ in range(20):
+    graph = enc.graphs.captured_graphs()[0]
+    host = []
+    for _ in range(20):  # the call's host time: until it returns, without a sync after it
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         enc.encode(pv, pp, hints)
         host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        events.append(start.elapsed_time(end))
+    torch.cuda.synchronize()
+    events = event_ms(graph.replay, 0, 20)
     return {
         "videos": videos,
         "encode_ms": _median_ms(lambda: enc.encode(pv, pp, hints)),

@@ -24,22 +24,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gemma4_batched_encoder.bench import event_ms
+
 ROWS, HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE = 54432, 768, 12, 64, 3072  # 16 videos, E4B
 ITEMS, LENGTH = 96, 567
 
 
 def _replay_ms(graph: torch.cuda.CUDAGraph, repeats: int = 20) -> float:
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(event_ms(graph.replay, 3, repeats))
 
 
 def _graph_of(step: Callable[[], object], nodes: int) -> torch.cuda.CUDAGraph:

@@ -44,9 +44,9 @@ from .settings import Settings
 METHODS = ("serial", "upstream", "exact", "exact-graphs", "exact-fused", "fast")
 
 
-def _timed(
-    fn: Callable[[], Any], device: str, warmup: int, repeats: int
-) -> tuple[Any, list[float]]:
+def timed(fn: Callable[[], Any], device: str, warmup: int, repeats: int) -> tuple[Any, list[float]]:
+    """``fn``'s last output and the wall milliseconds of each timed call, synchronized on CUDA
+    before and after each (this CLI's figures; the bench scripts time whole calls with it too)."""
     out = None
     for _ in range(warmup):
         out = fn()
@@ -60,6 +60,22 @@ def _timed(
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000.0)
     return out, times
+
+
+def event_ms(fn: Callable[[], object], warmup: int, repeats: int) -> list[float]:
+    """GPU milliseconds of each call of ``fn`` between two CUDA events (no host time: kernel
+    launches and graph replays as the stream runs them). CUDA only."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,7 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "token_counts": "host" if hints is not None else "device",
         }
         for m in methods:
-            out, times = _timed(fns[m], args.device, args.warmup, args.repeats)
+            out, times = timed(fns[m], args.device, args.warmup, args.repeats)
             row[m] = {
                 "median_ms": statistics.median(times),
                 "min_ms": min(times),

@@ -57,6 +57,10 @@ class CudaGraphRunner:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
+    def captured_graphs(self) -> list[torch.cuda.CUDAGraph]:
+        """The captured graphs, oldest first (benchmarks time a replay alone against a call)."""
+        return [captured.graph for captured in self._graphs.values()]
+
     @property
     def num_failed(self) -> int:
         """Keys whose capture failed or whose replay differed from eager (they run eagerly)."""
