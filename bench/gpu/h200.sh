@@ -47,7 +47,8 @@
 #                                           (bench/fast_kernel_tune.py); the fastest launches
 #                                           entered in this tree's fast_launch.json (returned),
 #                                           then the bench, verify (fused norms) and profile
-#                                           with them (run it through `bg` or `packed`: 8 files)
+#                                           with them (8 files; ~12-14 min, more than a call:
+#                                           `bg`, then `collect` in the next call)
 #   bench/gpu/h200.sh fast-layouts          the bench CLI with float8 fast mode (with and without the
 #                                           fused norms) on frames as a list and stacked as vLLM
 #                                           hands them (exact-fused beside: bitwise through the
