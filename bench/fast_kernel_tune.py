@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin" / "src"))
 
 from gemma4_batched_encoder import fast_layers, fp8_quant, launch_config, qkv_kernel
 from gemma4_batched_encoder import synthetic as S
-from gemma4_batched_encoder.bench import event_ms
+from gemma4_batched_encoder.bench import event_ms, timed
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 from gemma4_batched_encoder.inputs import count_valid_patches
 from gemma4_batched_encoder.settings import Settings
@@ -265,15 +265,7 @@ def whole_pass(vt: torch.nn.Module, videos: int, variants: dict[str, dict]) -> l
         with launch_config.overridden(v.get("launches", {})):
             enc = _encoder(vt, v.get("kernels", "merged-triton-fp8"))
             call = lambda enc=enc: enc.encode(pv, pp, hints)  # noqa: E731
-            for _ in range(3):
-                call()
-            times = []
-            for _ in range(10):
-                _sync()
-                t0 = time.perf_counter()
-                call()
-                _sync()
-                times.append((time.perf_counter() - t0) * 1e3)
+            _, times = timed(call, DEVICE, 3, 10)
             rows.append(
                 {
                     "variant": name,

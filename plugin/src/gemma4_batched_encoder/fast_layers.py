@@ -31,6 +31,7 @@ not seen.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -184,14 +185,10 @@ def _embed(pixel_values: Tensor, position_ids: Tensor, weight: Tensor, table: Te
     return F.linear(x, weight) + (x_emb + y_emb)
 
 
-_COMPILED: dict[str, Callable[..., Tensor]] = {}
-
-
-def _compiled(fn: Callable[..., Tensor] = _layer) -> Callable[..., Tensor]:
+@functools.cache
+def _compiled(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``torch.compile(fn)``, once a process (one compiled function, its graphs shared)."""
-    if fn.__name__ not in _COMPILED:
-        _COMPILED[fn.__name__] = torch.compile(fn)
-    return _COMPILED[fn.__name__]
+    return torch.compile(fn)
 
 
 class MergedLayers:
@@ -243,7 +240,7 @@ class MergedLayers:
             self._quantize(next(encoder.parameters()).device)
         self.triton_qkv = triton_qkv
         self.fused_norms = fused_norms
-        self.call = _compiled() if compile else _layer
+        self.call = _compiled(_layer) if compile else _layer
         embedder = vt.patch_embedder
         try:  # a quantized or swapped input projection: the tower's own embedder (embed: None)
             self.embed_weight: Tensor | None = _weight(embedder.input_proj)
