@@ -54,6 +54,9 @@
 #                                           hands them (exact-fused beside: bitwise through the
 #                                           views too), then the replay/host split
 #                                           (bench/fast_replay_split.py); 6 files
+#   bench/gpu/h200.sh fast-epilogues        float8 fast mode with the Triton GEMMs whose epilogues
+#                                           carry the q/k/v norms + rotary and GELU x up, against
+#                                           the fused norms alone: bench (ABAB), verify, profile
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
@@ -333,6 +336,29 @@ fast-layouts)
   done
   GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-norms python3 bench/fast_replay_split.py \
     --out "$OUT/replay-split.json" || echo "replay split: exit $?"
+  ;;
+fast-epilogues)
+  # float8 fast mode with and without the Triton GEMMs that carry the norms + rotary and GELU x up
+  # in their epilogues (fp8_gemm.py): the bench CLI side by side (ABAB), the deviation, a profile
+  cd "$REPO"
+  export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
+  E="--preset e4b --device cuda --dtype bf16"
+  for run in norms-1 epilogues-1 norms-2 epilogues-2; do
+    kernels="merged-triton-fp8-${run%-*}"
+    GEMMA4_ENCODER_FAST_KERNELS="$kernels" python3 -m gemma4_batched_encoder.bench $E \
+      --videos 1,16 --warmup 5 --repeats 30 --layout stacked --methods fast \
+      --out "$OUT/bench-$run.json" >"/tmp/bench-$run.txt" 2>"/tmp/bench-$run.log" ||
+      tail -n 5 "/tmp/bench-$run.log"
+    grep -E "^ *(1|16) " "/tmp/bench-$run.txt" | sed "s/^/$run: /" || true
+  done
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-epilogues python3 -m gemma4_batched_encoder.verify \
+    $E --mode fast --videos 1,16 --images 4 --noise-floor >"$OUT/verify-epilogues.json" \
+    2>/tmp/verify-epilogues.log || true # fast is never bitwise
+  python3 -c "import json; d=json.load(open('$OUT/verify-epilogues.json')); print('verify', {x: d.get(x) for x in ('max_abs_diff', 'stock_vs_fp32', 'plugin_vs_fp32')})" ||
+    tail -n 5 /tmp/verify-epilogues.log
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-epilogues python3 bench/encoder_kernel_profile.py \
+    --mode fast --videos 16 --out "$OUT/profile-epilogues.json" >/dev/null 2>&1 ||
+    echo "profile: exit $?"
   ;;
 host)
   cd "$REPO"

@@ -164,7 +164,8 @@ class BatchedVisionEncoder:
                     self.vt,
                     triton_qkv=kernels.startswith("merged-triton"),
                     fp8="-fp8" in kernels,
-                    fused_norms=kernels.endswith("-norms"),
+                    fused_norms=kernels.endswith(("-norms", "-epilogues")),
+                    gemm_epilogues=kernels.endswith("-epilogues"),
                 )
             except Unsupported as e:
                 logger.warning("GEMMA4_ENCODER_FAST_KERNELS=%s unsupported here (%s)", kernels, e)

@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fp8_quant import add_norm_quant, gelu_mul_quant, quantize_rows
+from .fp8_gemm import gemm_gelu_mul, gemm_qkv, interleave_gate_up, qkv_pair_order
+from .fp8_quant import add_norm_quant, gelu_mul_quant, quant_rows, quantize_rows
 from .fused import _dynamic_batch_and_length
 from .qkv_kernel import _rms, qkv_norm_rope, qkv_norm_rope_reference
 
@@ -124,11 +125,50 @@ def _add_norm_linear(
         if branch is not None:
             x = x + _rms(branch, branch_norm, eps)
         return x, _linear(_rms(x, w[norm], eps), w, gemm)
+    x, hq, hs = _add_norm_quant(x, branch, branch_norm, w[norm], eps)
+    return x, _linear(x, w, gemm, quantized=(hq, hs))
+
+
+def _add_norm_quant(
+    x: Tensor, branch: Tensor | None, branch_norm: Tensor | None, norm: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``fp8_quant.add_norm_quant`` on [B, L, D] rows: (new stream, float8 rows, their scales)."""
     b, n, d = x.shape
     flat = None if branch is None else branch.reshape(-1, d)
-    s, hq, hs = add_norm_quant(x.reshape(-1, d), flat, branch_norm, w[norm], eps)
-    x = x if branch is None else s.view(b, n, d)
-    return x, _linear(x, w, gemm, quantized=(hq, hs))
+    s, hq, hs = add_norm_quant(x.reshape(-1, d), flat, branch_norm, norm, eps)
+    return (x if branch is None else s.view(b, n, d)), hq, hs
+
+
+def _layer_epilogues(
+    x: Tensor,
+    pending: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    w: dict[str, Tensor | None],
+    heads: int,
+    head_dim: int,
+    eps: float,
+    pending_norm: Tensor | None = None,
+    last: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``_layer`` with the Q/K/V and gate/up GEMMs in Triton, each with what follows it in its
+    epilogue (fp8_gemm.py: the norms and rotary; GELU x up): q and k in ``qkv_pair_order``, which
+    attention does not see."""
+    b, n, _ = x.shape
+    x, hq, hs = _add_norm_quant(x, pending, pending_norm, w["input_norm"], eps)
+    cos, sin = cos.reshape(b * n, -1), sin.reshape(b * n, -1)
+    qkv = gemm_qkv(
+        hq, hs, w["qkv"], w["qkv_scale"], cos, sin, w["q_norm"], w["k_norm"], heads, eps, x.dtype
+    )
+    q, k, v = (t.view(b, n, heads, head_dim).transpose(1, 2) for t in qkv.unbind(0))
+    attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
+    x, hq, hs = _add_norm_quant(x, attn, w["post_attn_norm"], w["pre_ffw_norm"], eps)
+    mid = gemm_gelu_mul(hq, hs, w["gate_up"], w["gate_up_scale"], x.dtype)
+    h = _linear(mid.view(b, n, -1), w, "down", quantized=quant_rows(mid))
+    if last:
+        return x + _rms(h, w["post_ffw_norm"], eps), None
+    return x, h
 
 
 def _layer(
@@ -201,6 +241,7 @@ class MergedLayers:
         compile: bool = True,
         fp8: bool = False,
         fused_norms: bool = False,
+        gemm_epilogues: bool = False,
     ) -> None:
         encoder = vt.encoder
         cfg = encoder.config
@@ -236,11 +277,17 @@ class MergedLayers:
                 )
         if fused_norms and not fp8:
             raise Unsupported("the fused norm + quantize kernel feeds float8 GEMMs only")
+        if gemm_epilogues and not (fused_norms and triton_qkv):
+            raise Unsupported("the GEMMs with epilogues take the fused norms' float8 rows")
+        if gemm_epilogues:
+            self._epilogue_order()
         if fp8:
             self._quantize(next(encoder.parameters()).device)
         self.triton_qkv = triton_qkv
         self.fused_norms = fused_norms
+        self.gemm_epilogues = gemm_epilogues
         self.call = _compiled(_layer) if compile else _layer
+        self.call_epilogues = _compiled(_layer_epilogues) if compile else _layer_epilogues
         embedder = vt.patch_embedder
         try:  # a quantized or swapped input projection: the tower's own embedder (embed: None)
             self.embed_weight: Tensor | None = _weight(embedder.input_proj)
@@ -256,6 +303,22 @@ class MergedLayers:
             return None
         _dynamic_batch_and_length(pixel_values, position_ids)
         return self._embed(pixel_values, position_ids, self.embed_weight, self.position_table)
+
+    def _epilogue_order(self) -> None:
+        """The weights as the GEMMs with epilogues take them: q and k rows (and their norms'
+        scales) in ``qkv_pair_order``, gate and up rows interleaved."""
+        order = torch.tensor(qkv_pair_order(self.head_dim))
+        with torch.no_grad():
+            for w in self.weights:
+                qkv, q_norm, k_norm = w["qkv"], w["q_norm"], w["k_norm"]
+                assert qkv is not None and q_norm is not None and k_norm is not None
+                heads = qkv.view(3, self.heads, self.head_dim, -1)
+                at = order.to(qkv.device)
+                w["qkv"] = torch.cat([heads[:2][:, :, at], heads[2:]]).reshape(qkv.shape)
+                w["q_norm"], w["k_norm"] = q_norm[at], k_norm[at]
+                gate_up = w["gate_up"]
+                assert gate_up is not None
+                w["gate_up"] = interleave_gate_up(gate_up)
 
     def _quantize(self, device: torch.device) -> None:
         """The four GEMMs' weights as float8 rows plus their scales (``[1, out]``, as
@@ -282,19 +345,16 @@ class MergedLayers:
         hidden, pending, pending_norm = inputs_embeds, None, None
         for i, w in enumerate(self.weights):
             _dynamic_batch_and_length(hidden, pending)
-            hidden, pending = self.call(
-                hidden,
-                pending,
-                cos,
-                sin,
-                w,
-                self.heads,
-                self.head_dim,
-                self.eps,
-                self.triton_qkv,
-                pending_norm,
-                i == len(self.weights) - 1,
-                self.fused_norms,
-            )
+            last = i == len(self.weights) - 1
+            if self.gemm_epilogues:
+                hidden, pending = self.call_epilogues(
+                    hidden, pending, cos, sin, w, self.heads, self.head_dim, self.eps,
+                    pending_norm, last,
+                )  # fmt: skip
+            else:
+                hidden, pending = self.call(
+                    hidden, pending, cos, sin, w, self.heads, self.head_dim, self.eps,
+                    self.triton_qkv, pending_norm, last, self.fused_norms,
+                )  # fmt: skip
             pending_norm = w["post_ffw_norm"]
         return hidden

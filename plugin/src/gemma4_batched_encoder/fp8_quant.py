@@ -75,6 +75,51 @@ if triton is not None:
         tl.store(scale_out + rows, scale, mask=row_ok)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _quant_rows_kernel(src, out, scale_out, m, width, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK)
+        row_ok = rows < m
+        mask = row_ok[:, None] & (cols < width)[None, :]
+        h = tl.load(src + rows[:, None] * width + cols[None, :], mask=mask, other=0.0)
+        h = h.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / _MAX
+        dst = out + rows[:, None] * width + cols[None, :]
+        tl.store(dst, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
+        tl.store(scale_out + rows, scale, mask=row_ok)
+
+
+def _launch_quant_rows(t: Tensor, rows: int | None = None, warps: int | None = None):
+    m, width = t.shape
+    t = t.contiguous()
+    out = t.new_empty((m, width), dtype=torch.float8_e4m3fn)
+    scale = t.new_empty((m, 1), dtype=torch.float32)
+    choice = launch("gelu_quant", t.device)  # the same row-per-program shape as GELU x up's
+    rows = rows or choice["rows"]
+    warps = warps or choice["warps"] or 4
+    _quant_rows_kernel[(triton.cdiv(m, rows),)](
+        t, out, scale, m, width, BLOCK=triton.next_power_of_2(width), ROWS=rows, num_warps=warps
+    )
+    return out, scale
+
+
+@torch.library.custom_op("gemma4_batched_encoder::quant_rows", mutates_args=())
+def quant_rows(t: Tensor) -> tuple[Tensor, Tensor]:
+    """``quantize_rows`` of a [M, N] tensor as one Triton kernel (the float8 GEMM with GELU x up
+    in its epilogue leaves only this to the kernel after it; fp8_gemm.py)."""
+    if not triton_usable(t):
+        return quantize_rows(t)
+    return _launch_quant_rows(t)
+
+
+@quant_rows.register_fake
+def _(t):
+    scale = t.new_empty((t.shape[0], 1), dtype=torch.float32)
+    return t.new_empty(t.shape, dtype=torch.float8_e4m3fn), scale
+
+
 def _launch_gelu_mul_quant(
     gate_up: Tensor, rows: int | None = None, warps: int | None = None
 ) -> tuple[Tensor, Tensor]:

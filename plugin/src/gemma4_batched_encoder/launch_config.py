@@ -10,6 +10,8 @@ another order (16 rows with 8 warps: one bf16 step on the H200, twentieth sittin
 kernel's ``quarters`` is a formulation rather than a launch (each head as four quarter loads; the
 norm's sum in another order: up to one bf16 step from the default on the H200, twenty-second
 sitting), picked by the same tuning because it only changes the time and that sum's order.
+The float8 GEMMs with epilogues (fp8_gemm.py: ``gemm_gelu``, ``gemm_qkv``) take tile sizes,
+stages, warps and TMA or pointer loads; their K block sets the order of the K sums.
 """
 
 from __future__ import annotations

@@ -9,7 +9,12 @@ from typing import Literal, get_args
 Mode = Literal["exact", "fast"]
 Fused = Literal["auto", "on", "off"]
 FastKernels = Literal[
-    "stock", "merged", "merged-triton", "merged-triton-fp8", "merged-triton-fp8-norms"
+    "stock",
+    "merged",
+    "merged-triton",
+    "merged-triton-fp8",
+    "merged-triton-fp8-norms",
+    "merged-triton-fp8-epilogues",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -111,7 +116,9 @@ class Settings:
     # bench/results/h200/vllm-0.26.0-17-random/NOTES.md); "merged-triton-fp8-norms" = that with
     # each residual add + norm + quantize in front of the Q/K/V and gate/up GEMMs as one Triton
     # kernel too (fp8_quant.add_norm_quant; opt-in: 2.8-3.1 / 34.6-35.9 ms against fp8's
-    # 2.9-3.2 / 34.9-36.9 on four H200 hosts, bench/results/h200/encoder-21/NOTES.md).
+    # 2.9-3.2 / 34.9-36.9 on four H200 hosts, bench/results/h200/encoder-21/NOTES.md);
+    # "merged-triton-fp8-epilogues" = that with the Q/K/V and gate/up GEMMs as Triton float8
+    # GEMMs carrying the norms + rotary and GELU x up in their epilogues (fp8_gemm.py; opt-in).
     # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
     # the same H200 run, deviation from exact of the same size (bench/results/h200/
     # encoder-fast-kernels/NOTES.md).

@@ -1,0 +1,211 @@
+"""Fast mode's float8 GEMMs: cuBLASLt (``torch._scaled_mm``, what fast mode runs) against the
+Triton GEMM of ``fp8_gemm.py`` under several launches, on E4B's four layer GEMMs at 16 videos'
+rows; then the MLP middle both ways: cuBLASLt's gate/up GEMM + the GELU x up + quantize kernel
+against the Triton GEMM with GELU x up in its epilogue + a quantize-only kernel; and the Q/K/V
+GEMM + the norm/rotary kernel against the Triton GEMM with both in its epilogue. Prints a table,
+writes JSON. CUDA only (GPU milliseconds between CUDA events, medians).
+
+    PYTHONPATH=plugin/src python3 bench/fp8_gemm_probe.py --out $OUT/fp8-gemm-probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from gemma4_batched_encoder.bench import event_ms
+from gemma4_batched_encoder.fp8_gemm import (
+    fp8_gemm,
+    fp8_gemm_qkv,
+    fp8_gemm_reference,
+    interleave_gate_up,
+    qkv_pair_order,
+)
+from gemma4_batched_encoder.fp8_quant import gelu_mul_quant, quant_rows, quantize_rows
+from gemma4_batched_encoder.qkv_kernel import qkv_norm_rope
+
+# E4B's vision layer: hidden 768, 12 heads of 64, MLP 3,072 (N, K of each GEMM)
+SHAPES = {"qkv": (2304, 768), "o": (768, 768), "gate_up": (6144, 768), "down": (768, 3072)}
+# (block_m, block_n, block_k, stages, warps, tma)
+LAUNCHES = [
+    (128, 128, 128, 4, 8, 0),
+    (128, 128, 128, 4, 8, 1),
+    (128, 128, 128, 3, 4, 1),
+    (128, 256, 128, 3, 8, 1),
+    (128, 256, 64, 4, 8, 1),
+    (256, 128, 128, 3, 8, 1),
+    (64, 256, 128, 4, 4, 1),
+    (128, 64, 128, 4, 4, 1),
+    (128, 256, 128, 3, 8, 0),
+]
+
+
+def median_ms(fn, repeats: int) -> float:
+    return statistics.median(event_ms(fn, warmup=3, repeats=repeats))
+
+
+def launch_dict(cfg: tuple[int, ...]) -> dict[str, int]:
+    bm, bn, bk, stages, warps, tma = cfg
+    return {"block_m": bm, "block_n": bn, "block_k": bk, "group_m": 8, "stages": stages,
+            "warps": warps, "tma": tma}  # fmt: skip
+
+
+def sweep(fn_for, reference: torch.Tensor, repeats: int) -> list[dict]:
+    rows = []
+    for cfg in LAUNCHES:
+        row: dict = {"launch": launch_dict(cfg)}
+        try:
+            out = fn_for(row["launch"])()
+            torch.cuda.synchronize()
+            row["max_rel"] = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+            row["ms"] = median_ms(fn_for(row["launch"]), repeats)
+        except Exception as e:  # a launch that does not compile (shared memory): recorded
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+    return rows
+
+
+def fastest(rows: list[dict]) -> dict | None:
+    timed = [r for r in rows if "ms" in r]
+    return min(timed, key=lambda r: r["ms"]) if timed else None
+
+
+def gemm_row(m: int, n: int, k: int, repeats: int) -> dict:
+    """One GEMM shape: cuBLASLt against every Triton launch, on the same random rows."""
+    dev = torch.device("cuda")
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.03
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_rows(w)
+    ws_t = ws.t().contiguous()
+    ref = fp8_gemm_reference(xq, xs, wq, ws)
+
+    def cublas() -> torch.Tensor:
+        return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
+
+    entry = {
+        "cublas_ms": median_ms(cublas, repeats),
+        "cublas_max_rel": ((cublas().float() - ref).abs().max() / ref.abs().max()).item(),
+        "triton": sweep(lambda cfg: lambda: fp8_gemm(xq, xs, wq, ws, launch=cfg), ref, repeats),
+    }
+    entry["tflops_cublas"] = 2 * m * n * k / entry["cublas_ms"] / 1e9
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=54432, help="16 videos of 6 480p frames")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    m = args.rows
+    result: dict = {"device": torch.cuda.get_device_name(dev), "rows": m, "gemms": {}}
+    print(f"{'gemm':8} {'cuBLASLt ms':>11} {'best triton ms':>14}  launch")
+    for name, (n, k) in SHAPES.items():
+        entry = gemm_row(m, n, k, args.repeats)
+        result["gemms"][name] = entry
+        best = fastest(entry["triton"])
+        best_ms = best["ms"] if best else float("nan")
+        print(f"{name:8} {entry['cublas_ms']:11.3f} {best_ms:14.3f}  {best and best['launch']}")
+
+    # the MLP middle: [M, 768] -> float8 rows of gelu(gate) * up and their scales
+    n, k = SHAPES["gate_up"]
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.03
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_rows(w)
+    ws_t = ws.t().contiguous()
+    wi = interleave_gate_up(w)
+    wiq, wis = quantize_rows(wi)
+
+    def stock() -> tuple[torch.Tensor, torch.Tensor]:
+        gu = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
+        return gelu_mul_quant(gu)
+
+    def fused_for(cfg: dict) -> object:
+        return lambda: quant_rows(fp8_gemm(xq, xs, wiq, wis, gelu_mul=True, launch=cfg))
+
+    sq, ss = stock()
+    ref = (sq.float() * ss).float()
+    mid: dict = {"stock_ms": median_ms(stock, args.repeats), "fused": []}
+    for cfg in LAUNCHES:
+        row: dict = {"launch": launch_dict(cfg)}
+        try:
+            fq, fs = fused_for(row["launch"])()
+            torch.cuda.synchronize()
+            row["max_rel_vs_stock"] = ((fq.float() * fs - ref).abs().max() / ref.abs().max()).item()
+            row["ms"] = median_ms(fused_for(row["launch"]), args.repeats)
+            row["gemm_only_ms"] = median_ms(
+                lambda c=row["launch"]: fp8_gemm(xq, xs, wiq, wis, gelu_mul=True, launch=c),
+                args.repeats,
+            )
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        mid["fused"].append(row)
+    h = fp8_gemm(xq, xs, wiq, wis, gelu_mul=True)
+    mid["quant_only_ms"] = median_ms(lambda: quant_rows(h), args.repeats)
+    result["mlp_middle"] = mid
+    best = fastest(mid["fused"])
+    print(f"MLP middle: stock {mid['stock_ms']:.3f} ms; fused, fastest launch: {best}")
+    print(f"quantize-only kernel {mid['quant_only_ms']:.3f} ms")
+    result["qkv_epilogue"] = qkv_epilogue(m, args.repeats)
+    best = fastest(result["qkv_epilogue"]["fused"])
+    print(f"Q/K/V: stock {result['qkv_epilogue']['stock_ms']:.3f} ms; fused, fastest: {best}")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def qkv_epilogue(m: int, repeats: int, heads: int = 12, dim: int = 64) -> dict:
+    """cuBLASLt's Q/K/V GEMM + the norm/rotary kernel against the GEMM with them in its epilogue
+    (q and k in ``qkv_pair_order``; compared after putting them back in the layer's order)."""
+    dev = torch.device("cuda")
+    hd, k = heads * dim, SHAPES["qkv"][1]
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(3 * hd, k, device=dev, dtype=torch.bfloat16) * 0.03
+    qn, kn = (torch.rand(dim, device=dev, dtype=torch.bfloat16) + 0.5 for _ in range(2))
+    angles = torch.randn(m, dim, device=dev) * 20
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    order = torch.tensor(qkv_pair_order(dim), device=dev)
+    back = torch.argsort(order)
+    wp = w.view(3, heads, dim, k).clone()
+    wp[0], wp[1] = wp[0][:, order], wp[1][:, order]
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_rows(w)
+    ws_t = ws.t().contiguous()
+    wpq, wps = quantize_rows(wp.reshape(3 * hd, k))
+
+    def stock() -> tuple[torch.Tensor, ...]:
+        qkv = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
+        return qkv_norm_rope(qkv.view(1, m, -1), cos[None], sin[None], qn, kn, heads, 1e-6)
+
+    def fused_for(cfg: dict) -> object:
+        return lambda: fp8_gemm_qkv(
+            xq, xs, wpq, wps, cos, sin, qn[order], kn[order], heads, 1e-6, launch=cfg
+        )
+
+    sq, sk, sv = (t.reshape(m, heads, dim).float() for t in stock())
+    out: dict = {"stock_ms": median_ms(stock, repeats), "fused": []}
+    for cfg in LAUNCHES:
+        row: dict = {"launch": launch_dict(cfg)}
+        try:
+            f = fused_for(row["launch"])().float().view(3, m, heads, dim)
+            torch.cuda.synchronize()
+            row["max_abs_vs_stock"] = [
+                (f[0][..., back] - sq).abs().max().item(),
+                (f[1][..., back] - sk).abs().max().item(),
+                (f[2] - sv).abs().max().item(),
+            ]
+            row["ms"] = median_ms(fused_for(row["launch"]), repeats)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        out["fused"].append(row)
+    return out
+
+
+if __name__ == "__main__":
+    main()
