@@ -55,8 +55,11 @@
 #                                           views too), then the replay/host split
 #                                           (bench/fast_replay_split.py); 6 files
 #   bench/gpu/h200.sh fast-epilogues        float8 fast mode with the Triton GEMMs whose epilogues
-#                                           carry the q/k/v norms + rotary and GELU x up, against
-#                                           the fused norms alone: bench (ABAB), verify, profile
+#                                           carry the q/k/v norms + rotary and GELU x up: their
+#                                           check, the GEMM probe (launches entered in this tree's
+#                                           fast_launch.json, returned), bench against the fused
+#                                           norms alone (ABAB), verify, profile (~10 min: `bg`,
+#                                           then `collect` in the next call)
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
@@ -339,9 +342,17 @@ fast-layouts)
   ;;
 fast-epilogues)
   # float8 fast mode with and without the Triton GEMMs that carry the norms + rotary and GELU x up
-  # in their epilogues (fp8_gemm.py): the bench CLI side by side (ABAB), the deviation, a profile
+  # in their epilogues (fp8_gemm.py): the kernels against torch compiled, the GEMM probe (its
+  # fastest epilogue launches entered in this tree's fast_launch.json, returned), then the bench
+  # CLI side by side (ABAB), the deviation, a profile. ~10 min: `bg`, then `collect`.
   cd "$REPO"
   export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
+  table=plugin/src/gemma4_batched_encoder/fast_launch.json
+  python3 plugin/tests/fp8_gemm_check.py --device cuda >"$OUT/fp8-gemm-check.json" ||
+    echo "gemm check: exit $?"
+  python3 bench/fp8_gemm_probe.py --write "$table" --out "$OUT/fp8-gemm-probe.json" ||
+    echo "probe: exit $?"
+  cp "$table" "$OUT/"
   E="--preset e4b --device cuda --dtype bf16"
   for run in norms-1 epilogues-1 norms-2 epilogues-2; do
     kernels="merged-triton-fp8-${run%-*}"

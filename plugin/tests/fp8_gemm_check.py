@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-# (block_m, block_n, block_k, tma): a part-masked last row block, K in several blocks, both loads
-LAUNCHES = [(32, 64, 32, 0), (32, 32, 64, 1), (64, 128, 128, 0)]
+# (block_m, block_n, block_k, tma, persistent): a part-masked last row block, K in several blocks,
+# pointer and TMA loads, persistent programs (4 in the interpreter, each several tiles)
+LAUNCHES = [(32, 64, 32, 0, 0), (32, 32, 64, 1, 0), (64, 128, 128, 0, 0), (32, 64, 64, 1, 1)]
 
 
 def _rel(a, b) -> float:
@@ -57,9 +58,8 @@ def main() -> None:
     xq, xs = quantize_rows(x)
 
     def launch(cfg: tuple[int, ...]) -> dict[str, int]:
-        return dict(zip(("block_m", "block_n", "block_k", "tma"), cfg, strict=True)) | {
-            "group_m": 2
-        }
+        keys = ("block_m", "block_n", "block_k", "tma", "persistent")
+        return dict(zip(keys, cfg, strict=True)) | {"group_m": 2}
 
     # plain, and GELU x up on interleaved gate/up rows, fp32 out: only the K sums' order differs
     wq, ws = quantize_rows(w)

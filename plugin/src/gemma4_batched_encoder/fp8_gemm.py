@@ -79,6 +79,33 @@ if triton is not None:
                   EPILOGUE, HD, D, BLOCK_M, BLOCK_N)  # fmt: skip
 
     @triton.jit
+    def _fp8_gemm_persistent_kernel(
+        a_desc, b_desc, a_scale, b_scale, out, M, N, K, cos, sin, qw, kw, eps,
+        EPILOGUE: tl.constexpr, HD: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    ):  # fmt: skip
+        # TMA loads, one program a multiprocessor walking the tiles: with FLATTEN the tile loop
+        # and the K loop are one software pipeline, so the next tile's loads overlap this one's
+        # epilogue (E4B's K of 768 is six K blocks: a pipeline's fill and drain are a large
+        # share of each tile)
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        k_blocks = K // BLOCK_K
+        for tile in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=FLATTEN,
+                             warp_specialize=WARP_SPECIALIZE):  # fmt: skip
+            pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kb in range(k_blocks):
+                k = kb * BLOCK_K
+                acc = tl.dot(a_desc.load([off_m, k]), b_desc.load([off_n, k]).T, acc)
+            rm = off_m + tl.arange(0, BLOCK_M)
+            rn = off_n + tl.arange(0, BLOCK_N)
+            _epilogue(acc, a_scale, b_scale, out, rm, rn, pid_n, M, N, cos, sin, qw, kw, eps,
+                      EPILOGUE, HD, D, BLOCK_M, BLOCK_N)  # fmt: skip
+
+    @triton.jit
     def _epilogue(
         acc, a_scale, b_scale, out, rm, rn, pid_n, M, N, cos, sin, qw, kw, eps,
         EPILOGUE: tl.constexpr, HD: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -125,8 +152,13 @@ if triton is not None:
             tl.store(dst, acc.to(ty), mask=m_ok[:, None] & (rn < N)[None, :])
 
 
-DEFAULT_LAUNCH = {"block_m": 128, "block_n": 128, "block_k": 128, "group_m": 8, "stages": 4,
-                  "warps": 8, "tma": 0}  # fmt: skip
+# tma: TMA loads (Hopper+), else pointer loads; persistent (with TMA): one program a
+# multiprocessor, its tile and K loops one pipeline with ``flatten``, warp-specialized with
+# ``warp_specialize`` (where the Triton version offers them: a launch that fails is the tuner's)
+DEFAULT_LAUNCH = {
+    "block_m": 128, "block_n": 128, "block_k": 128, "group_m": 8, "stages": 4, "warps": 8,
+    "tma": 0, "persistent": 0, "flatten": 0, "warp_specialize": 0,
+}  # fmt: skip
 _PLAIN, _GELU_MUL, _QKV = 0, 1, 2
 
 
@@ -182,14 +214,21 @@ def _launch(
     cfg = _fitted({**DEFAULT_LAUNCH, **(launch or {})}, k, n // 3 if epilogue == _QKV else 0, dim)
     if w.shape[1] != k:
         raise ValueError(f"the weight's K ({w.shape[1]}) is not the input's ({k})")
-    grid = (triton.cdiv(m, cfg["block_m"]) * triton.cdiv(n, cfg["block_n"]),)
+    tiles = triton.cdiv(m, cfg["block_m"]) * triton.cdiv(n, cfg["block_n"])
+    grid = (tiles,)
+    extra: dict[str, int] = {}
     a, w = a.contiguous(), w.contiguous()
-    if cfg["tma"]:
+    if cfg["tma"] or cfg["persistent"]:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         kernel = _fp8_gemm_tma_kernel
         a_in = TensorDescriptor.from_tensor(a, [cfg["block_m"], cfg["block_k"]])
         w_in = TensorDescriptor.from_tensor(w, [cfg["block_n"], cfg["block_k"]])
+        if cfg["persistent"]:
+            kernel = _fp8_gemm_persistent_kernel
+            grid = (min(tiles, _multiprocessors(a.device)),)
+            extra = {"PROGRAMS": grid[0], "FLATTEN": bool(cfg["flatten"]),
+                     "WARP_SPECIALIZE": bool(cfg["warp_specialize"])}  # fmt: skip
     else:
         kernel, a_in, w_in = _fp8_gemm_kernel, a, w
     kernel[grid](
@@ -197,9 +236,15 @@ def _launch(
         m, n, k, cos.contiguous(), sin.contiguous(), qw.contiguous(), kw.contiguous(), eps,
         EPILOGUE=epilogue, HD=n // 3, D=dim, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
         BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"], num_stages=cfg["stages"],
-        num_warps=cfg["warps"],
+        num_warps=cfg["warps"], **extra,
     )  # fmt: skip
     return out
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # Triton's interpreter on the CPU: a few programs, each several tiles
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def fp8_gemm(
