@@ -2,7 +2,8 @@
 Triton GEMM of ``fp8_gemm.py`` under several launches, on E4B's four layer GEMMs at 16 videos'
 rows; then the MLP middle both ways: cuBLASLt's gate/up GEMM + the GELU x up + quantize kernel
 against the Triton GEMM with GELU x up in its epilogue + a quantize-only kernel; and the Q/K/V
-GEMM + the norm/rotary kernel against the Triton GEMM with both in its epilogue. Prints a table,
+GEMM + the norm/rotary kernel against the Triton GEMM with both in its epilogue; and the down
+GEMM after a quantize kernel against the Triton GEMM quantizing its input itself. Prints a table,
 writes JSON. CUDA only (GPU milliseconds between CUDA events, medians).
 
     PYTHONPATH=plugin/src python3 bench/fp8_gemm_probe.py --out $OUT/fp8-gemm-probe.json
@@ -21,7 +22,9 @@ from gemma4_batched_encoder import launch_config
 from gemma4_batched_encoder.bench import event_ms
 from gemma4_batched_encoder.fp8_gemm import (
     fp8_gemm,
+    fp8_gemm_gelu_amax,
     fp8_gemm_qkv,
+    fp8_gemm_quant_a,
     fp8_gemm_reference,
     interleave_gate_up,
     qkv_pair_order,
@@ -164,6 +167,11 @@ def main() -> None:
                 lambda c=row["launch"]: fp8_gemm(xq, xs, wiq, wis, gelu_mul=True, launch=c),
                 args.repeats,
             )
+            # the same GEMM also gathering its rows' maxima (merged-triton-fp8-gemms)
+            row["gemm_amax_ms"] = median_ms(
+                lambda c=row["launch"]: fp8_gemm_gelu_amax(xq, xs, wiq, wis, launch=c),
+                args.repeats,
+            )
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         mid["fused"].append(row)
@@ -173,6 +181,9 @@ def main() -> None:
     best = fastest(mid["fused"])
     print(f"MLP middle: stock {mid['stock_ms']:.3f} ms; fused, fastest launch: {best}")
     print(f"quantize-only kernel {mid['quant_only_ms']:.3f} ms")
+    result["down"] = down_chain(h, args.repeats)
+    best = fastest(result["down"]["fused"])
+    print(f"down: stock {result['down']['stock_ms']:.3f} ms; quantizing in the GEMM: {best}")
     result["qkv_epilogue"] = qkv_epilogue(m, args.repeats)
     best = fastest(result["qkv_epilogue"]["fused"])
     print(f"Q/K/V: stock {result['qkv_epilogue']['stock_ms']:.3f} ms; fused, fastest: {best}")
@@ -182,8 +193,45 @@ def main() -> None:
         table = json.loads(args.write.read_text())
         entry = table.setdefault(launch_config.device_name(dev), {})
         entry.update({"gemm_gelu": gelu["launch"], "gemm_qkv": qkv["launch"]})
+        down = fastest(result["down"]["fused"])
+        if down:
+            entry["gemm_down"] = down["launch"]
         args.write.write_text(json.dumps(table, indent=2) + "\n")
-        print(f"entered in {args.write}: gemm_gelu {gelu['launch']}, gemm_qkv {qkv['launch']}")
+        print(f"entered in {args.write}: { ({k: entry[k] for k in entry if 'gemm' in k}) }")
+
+
+def down_chain(h: torch.Tensor, repeats: int) -> dict:
+    """The down projection of GELU x up's bf16 rows ``h``: the quantize kernel + cuBLASLt's
+    float8 GEMM against the Triton GEMM quantizing each A tile in registers from the rows'
+    maxima (``fp8_gemm_quant_a``: the same float8 bytes, checked here)."""
+    dev = h.device
+    n, k = SHAPES["down"]
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.03
+    wq, ws = quantize_rows(w)
+    ws_t = ws.t().contiguous()
+    amax = h.float().abs().amax(-1)
+
+    def stock() -> torch.Tensor:
+        hq, hs = quant_rows(h)
+        return torch._scaled_mm(hq, wq.t(), scale_a=hs, scale_b=ws_t, out_dtype=torch.bfloat16)
+
+    ref = stock().float()
+    out: dict = {"stock_ms": median_ms(stock, repeats), "fused": []}
+    for cfg in LAUNCHES:
+        row: dict = {"launch": launch_dict(cfg)}
+        try:
+            got = fp8_gemm_quant_a(h, amax, wq, ws, launch=row["launch"])
+            same = fp8_gemm(*quant_rows(h), wq, ws, launch=row["launch"])
+            torch.cuda.synchronize()
+            row["equal_to_quantized_first"] = torch.equal(got, same)
+            row["max_rel_vs_stock"] = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+            row["ms"] = median_ms(
+                lambda c=row["launch"]: fp8_gemm_quant_a(h, amax, wq, ws, launch=c), repeats
+            )
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        out["fused"].append(row)
+    return out
 
 
 def qkv_epilogue(m: int, repeats: int, heads: int = 12, dim: int = 64) -> dict:

@@ -58,8 +58,8 @@
 #                                           carry the q/k/v norms + rotary and GELU x up: their
 #                                           check, the GEMM probe (launches entered in this tree's
 #                                           fast_launch.json, returned), bench against the fused
-#                                           norms alone (ABAB), verify, profile (~10 min: `bg`,
-#                                           then `collect` in the next call)
+#                                           norms alone (ABCABC with -gemms), verify, profile
+#                                           (~13 min: `bg`, then `collect` in the next call)
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
@@ -342,9 +342,10 @@ fast-layouts)
   ;;
 fast-epilogues)
   # float8 fast mode with and without the Triton GEMMs that carry the norms + rotary and GELU x up
-  # in their epilogues (fp8_gemm.py): the kernels against torch compiled, the GEMM probe (its
-  # fastest epilogue launches entered in this tree's fast_launch.json, returned), then the bench
-  # CLI side by side (ABAB), the deviation, a profile. ~10 min: `bg`, then `collect`.
+  # in their epilogues (fp8_gemm.py; -gemms: the down GEMM quantizing its input too): the kernels
+  # against torch compiled, the GEMM probe (its fastest launches entered in this tree's
+  # fast_launch.json, returned), then the bench CLI side by side (ABCABC), the deviations, a
+  # profile. ~13 min: `bg`, then `collect`.
   cd "$REPO"
   export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
   table=plugin/src/gemma4_batched_encoder/fast_launch.json
@@ -354,7 +355,7 @@ fast-epilogues)
     echo "probe: exit $?"
   cp "$table" "$OUT/"
   E="--preset e4b --device cuda --dtype bf16"
-  for run in norms-1 epilogues-1 norms-2 epilogues-2; do
+  for run in norms-1 epilogues-1 gemms-1 norms-2 epilogues-2 gemms-2; do
     kernels="merged-triton-fp8-${run%-*}"
     GEMMA4_ENCODER_FAST_KERNELS="$kernels" python3 -m gemma4_batched_encoder.bench $E \
       --videos 1,16 --warmup 5 --repeats 30 --layout stacked --methods fast \
@@ -362,13 +363,15 @@ fast-epilogues)
       tail -n 5 "/tmp/bench-$run.log"
     grep -E "^ *(1|16) " "/tmp/bench-$run.txt" | sed "s/^/$run: /" || true
   done
-  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-epilogues python3 -m gemma4_batched_encoder.verify \
-    $E --mode fast --videos 1,16 --images 4 --noise-floor >"$OUT/verify-epilogues.json" \
-    2>/tmp/verify-epilogues.log || true # fast is never bitwise
-  python3 -c "import json; d=json.load(open('$OUT/verify-epilogues.json')); print('verify', {x: d.get(x) for x in ('max_abs_diff', 'stock_vs_fp32', 'plugin_vs_fp32')})" ||
-    tail -n 5 /tmp/verify-epilogues.log
-  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-epilogues python3 bench/encoder_kernel_profile.py \
-    --mode fast --videos 16 --out "$OUT/profile-epilogues.json" >/dev/null 2>&1 ||
+  for kind in epilogues gemms; do
+    GEMMA4_ENCODER_FAST_KERNELS="merged-triton-fp8-$kind" python3 -m gemma4_batched_encoder.verify \
+      $E --mode fast --videos 1,16 --images 4 --noise-floor >"$OUT/verify-$kind.json" \
+      2>"/tmp/verify-$kind.log" || true # fast is never bitwise
+    python3 -c "import json; d=json.load(open('$OUT/verify-$kind.json')); print('verify $kind', {x: d.get(x) for x in ('max_abs_diff', 'stock_vs_fp32', 'plugin_vs_fp32')})" ||
+      tail -n 5 "/tmp/verify-$kind.log"
+  done
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-gemms python3 bench/encoder_kernel_profile.py \
+    --mode fast --videos 16 --out "$OUT/profile-gemms.json" >/dev/null 2>&1 ||
     echo "profile: exit $?"
   ;;
 host)

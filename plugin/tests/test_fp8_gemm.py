@@ -4,6 +4,7 @@ and the layers built on them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import g4helpers as H
@@ -45,8 +46,13 @@ def test_the_triton_gemms_compute_their_epilogues():
         assert q["scales_equal"], width
         # besides the interpreter's carries, at most one float8 step (its ties) from torch's
         assert q["max_steps_besides_carries"] <= 1.0, width
+    # the GELU GEMM's row maxima and the down GEMM quantizing in registers: the same bytes as
+    # the quantize kernel + float8 GEMM (every launch; here and compiled on a GPU)
+    assert result["gelu_amax"] == [True] * 4 and result["quant_a"] == [True] * 4
+    assert result["quant_a_wrong_amax"] > 0.01
     assert result["encoder_layers"] == "MergedLayers"
-    assert 1e-3 < result["encoder_epilogues"] < 0.25  # as the other float8 layers
+    for name in ("epilogues", "gemms"):  # as the other float8 layers
+        assert 1e-3 < result["encoder_" + name] < 0.25, name
 
 
 def test_the_weights_are_paired_and_interleaved_as_the_epilogues_take_them():
@@ -74,37 +80,53 @@ def test_the_epilogues_take_the_fused_norms_float8_rows():
     tower = H.tower(torch.float32, seed=4)
     with pytest.raises(Unsupported, match="fused norms"):
         MergedLayers(tower, triton_qkv=True, fp8=True, gemm_epilogues=True)
+    with pytest.raises(Unsupported, match="maxima"):
+        MergedLayers(tower, triton_qkv=True, fp8=True, fused_norms=True, quant_down=True)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_the_epilogue_layers_stay_near_the_stock_layers(compiled):
+@pytest.mark.parametrize(
+    ("kernels", "compiled"),
+    [
+        ("merged-triton-fp8-epilogues", False),
+        ("merged-triton-fp8-epilogues", True),
+        ("merged-triton-fp8-gemms", True),
+    ],
+)
+def test_the_epilogue_layers_stay_near_the_stock_layers(kernels, compiled):
     # On this CPU without the interpreter the ops run their torch references (the kernels
     # themselves: the test above); compiled, inductor sees them as opaque ops (their fake impls)
     tower = H.tower(torch.float32, seed=3)
     pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
     ref = BatchedVisionEncoder(tower, Settings(mode="fast", cuda_graphs=False, fused="off"))
     expected = ref.encode(pvs, pps)
-    enc = BatchedVisionEncoder(tower, EPILOGUES)
+    enc = BatchedVisionEncoder(tower, replace(EPILOGUES, fast_kernels=kernels))
     cpu = torch.device("cpu")
     layers = enc.fast_layers(cpu, torch.float32)
     assert isinstance(layers, MergedLayers) and layers.gemm_epilogues and layers.fused_norms
+    assert layers.quant_down == kernels.endswith("-gemms")
     if not compiled:
         layers.call_epilogues = fast_layers._layer_epilogues
     out = enc.encode(pvs, pps)
     assert enc._fast_layers[(cpu, torch.float32)] is layers  # ran, no fallback
-    assert enc.fast_kernels_in_force(cpu) == "merged-triton-fp8-epilogues"
+    assert enc.fast_kernels_in_force(cpu) == kernels
     errors = [((o - r).norm() / r.norm()).item() for o, r in zip(out, expected, strict=True)]
     assert 1e-3 < max(errors) < 0.25, errors
 
 
-def test_the_setting_names_the_epilogues(monkeypatch):
-    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", "merged-triton-fp8-epilogues")
-    assert Settings.from_env().fast_kernels == "merged-triton-fp8-epilogues"
+@pytest.mark.parametrize("kernels", ["merged-triton-fp8-epilogues", "merged-triton-fp8-gemms"])
+def test_the_setting_names_the_epilogues(monkeypatch, kernels):
+    monkeypatch.setenv("GEMMA4_ENCODER_FAST_KERNELS", kernels)
+    assert Settings.from_env().fast_kernels == kernels
 
 
 def test_the_ops_fake_impls_match_what_they_compute():
     # torch.compile plans the layer from the fake impls: shapes, dtypes and strides must agree
-    from gemma4_batched_encoder.fp8_gemm import gemm_gelu_mul, gemm_qkv
+    from gemma4_batched_encoder.fp8_gemm import (
+        gemm_gelu_mul,
+        gemm_gelu_mul_amax,
+        gemm_qkv,
+        gemm_quant_a,
+    )
     from gemma4_batched_encoder.fp8_quant import (
         add_norm_quant,
         gelu_mul_quant,
@@ -135,6 +157,8 @@ def test_the_ops_fake_impls_match_what_they_compute():
             ),
         ),
         (quant_rows, (torch.randn(10, 48).bfloat16(),)),
+        (gemm_gelu_mul_amax, (xq, xs, wq, ws, torch.bfloat16)),
+        (gemm_quant_a, (torch.randn(10, 32).bfloat16(), torch.rand(10) + 1, wq, ws, torch.float32)),
         # fast mode's other float8 ops (fp8_quant.py), checked the same way
         (gelu_mul_quant, (torch.randn(10, 96).bfloat16(),)),
         (add_norm_quant, (*torch.randn(2, 10, 32).bfloat16(), torch.ones(32), None, 1e-6)),

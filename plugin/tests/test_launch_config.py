@@ -40,7 +40,8 @@ def test_a_device_entry_and_overrides_take_precedence(monkeypatch):
 def test_every_entry_names_only_known_kernels_and_keys():
     table = launch_config.table()
     default = table["default"]
-    assert set(default) == {"gelu_quant", "qkv", "norm_quant", "gemm_gelu", "gemm_qkv"}
+    kernels = {"gelu_quant", "qkv", "norm_quant", "gemm_gelu", "gemm_qkv", "gemm_down"}
+    assert set(default) == kernels
     for device, entry in table.items():
         for kernel, choice in entry.items():
             assert set(choice) <= set(default[kernel]), (device, kernel)

@@ -164,8 +164,9 @@ class BatchedVisionEncoder:
                     self.vt,
                     triton_qkv=kernels.startswith("merged-triton"),
                     fp8="-fp8" in kernels,
-                    fused_norms=kernels.endswith(("-norms", "-epilogues")),
-                    gemm_epilogues=kernels.endswith("-epilogues"),
+                    fused_norms=kernels.endswith(("-norms", "-epilogues", "-gemms")),
+                    gemm_epilogues=kernels.endswith(("-epilogues", "-gemms")),
+                    quant_down=kernels.endswith("-gemms"),
                 )
             except Unsupported as e:
                 logger.warning("GEMMA4_ENCODER_FAST_KERNELS=%s unsupported here (%s)", kernels, e)

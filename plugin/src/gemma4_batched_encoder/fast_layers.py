@@ -38,7 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fp8_gemm import gemm_gelu_mul, gemm_qkv, interleave_gate_up, qkv_pair_order
+from .fp8_gemm import (
+    gemm_gelu_mul,
+    gemm_gelu_mul_amax,
+    gemm_qkv,
+    gemm_quant_a,
+    interleave_gate_up,
+    qkv_pair_order,
+)
 from .fp8_quant import add_norm_quant, gelu_mul_quant, quant_rows, quantize_rows
 from .fused import _dynamic_batch_and_length
 from .qkv_kernel import _rms, qkv_norm_rope, qkv_norm_rope_reference
@@ -150,10 +157,13 @@ def _layer_epilogues(
     eps: float,
     pending_norm: Tensor | None = None,
     last: bool = False,
+    quant_down: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``_layer`` with the Q/K/V and gate/up GEMMs in Triton, each with what follows it in its
     epilogue (fp8_gemm.py: the norms and rotary; GELU x up): q and k in ``qkv_pair_order``, which
-    attention does not see."""
+    attention does not see. ``quant_down``: the gate/up GEMM also gathers its rows' maxima and
+    the down GEMM (Triton too) quantizes its bf16 input tile by tile, as ``quant_rows`` would,
+    instead of a quantize kernel writing a float8 copy between them."""
     b, n, _ = x.shape
     x, hq, hs = _add_norm_quant(x, pending, pending_norm, w["input_norm"], eps)
     cos, sin = cos.reshape(b * n, -1), sin.reshape(b * n, -1)
@@ -164,8 +174,12 @@ def _layer_epilogues(
     attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
     attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
     x, hq, hs = _add_norm_quant(x, attn, w["post_attn_norm"], w["pre_ffw_norm"], eps)
-    mid = gemm_gelu_mul(hq, hs, w["gate_up"], w["gate_up_scale"], x.dtype)
-    h = _linear(mid.view(b, n, -1), w, "down", quantized=quant_rows(mid))
+    if quant_down:
+        mid, amax = gemm_gelu_mul_amax(hq, hs, w["gate_up"], w["gate_up_scale"], x.dtype)
+        h = gemm_quant_a(mid, amax, w["down"], w["down_scale"], x.dtype).view(b, n, -1)
+    else:
+        mid = gemm_gelu_mul(hq, hs, w["gate_up"], w["gate_up_scale"], x.dtype)
+        h = _linear(mid.view(b, n, -1), w, "down", quantized=quant_rows(mid))
     if last:
         return x + _rms(h, w["post_ffw_norm"], eps), None
     return x, h
@@ -242,6 +256,7 @@ class MergedLayers:
         fp8: bool = False,
         fused_norms: bool = False,
         gemm_epilogues: bool = False,
+        quant_down: bool = False,
     ) -> None:
         encoder = vt.encoder
         cfg = encoder.config
@@ -279,6 +294,8 @@ class MergedLayers:
             raise Unsupported("the fused norm + quantize kernel feeds float8 GEMMs only")
         if gemm_epilogues and not (fused_norms and triton_qkv):
             raise Unsupported("the GEMMs with epilogues take the fused norms' float8 rows")
+        if quant_down and not gemm_epilogues:
+            raise Unsupported("the down GEMM quantizing its input takes the GELU GEMM's maxima")
         if gemm_epilogues:
             self._epilogue_order()
         if fp8:
@@ -286,6 +303,7 @@ class MergedLayers:
         self.triton_qkv = triton_qkv
         self.fused_norms = fused_norms
         self.gemm_epilogues = gemm_epilogues
+        self.quant_down = quant_down
         self.call = _compiled(_layer) if compile else _layer
         self.call_epilogues = _compiled(_layer_epilogues) if compile else _layer_epilogues
         embedder = vt.patch_embedder
@@ -349,7 +367,7 @@ class MergedLayers:
             if self.gemm_epilogues:
                 hidden, pending = self.call_epilogues(
                     hidden, pending, cos, sin, w, self.heads, self.head_dim, self.eps,
-                    pending_norm, last,
+                    pending_norm, last, self.quant_down,
                 )  # fmt: skip
             else:
                 hidden, pending = self.call(

@@ -15,6 +15,7 @@ FastKernels = Literal[
     "merged-triton-fp8",
     "merged-triton-fp8-norms",
     "merged-triton-fp8-epilogues",
+    "merged-triton-fp8-gemms",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -118,7 +119,9 @@ class Settings:
     # kernel too (fp8_quant.add_norm_quant; opt-in: 2.8-3.1 / 34.6-35.9 ms against fp8's
     # 2.9-3.2 / 34.9-36.9 on four H200 hosts, bench/results/h200/encoder-21/NOTES.md);
     # "merged-triton-fp8-epilogues" = that with the Q/K/V and gate/up GEMMs as Triton float8
-    # GEMMs carrying the norms + rotary and GELU x up in their epilogues (fp8_gemm.py; opt-in).
+    # GEMMs carrying the norms + rotary and GELU x up in their epilogues (fp8_gemm.py; opt-in);
+    # "merged-triton-fp8-gemms" = that with the down GEMM in Triton too, quantizing its input
+    # tile by tile from maxima the GELU GEMM gathered (no float8 copy in between; opt-in).
     # merged-triton is the default: 3.4 / 44.6 ms for 1 / 16 videos against stock's 4.1 / 52.1 in
     # the same H200 run, deviation from exact of the same size (bench/results/h200/
     # encoder-fast-kernels/NOTES.md).
