@@ -71,7 +71,7 @@ def test_info_gauge(exposition):
 
 def test_info_names_fast_modes_layers_in_force():
     # fast mode's layers are on the info gauge (exact and stock say "none"), and a change after
-    # the first call (here: the compiled layers given up, as after a run-time failure) is reported
+    # the first call (here: the compiled layers given up after a run-time failure) is reported
     script = (
         "import torch\n"
         "from prometheus_client import generate_latest\n"
@@ -82,8 +82,13 @@ def test_info_names_fast_modes_layers_in_force():
         "s = Settings(mode='fast', cuda_graphs=False, fused='on', fast_kernels='merged')\n"
         "rt = EncoderRuntime(vt, s, True, '0.32.0')\n"
         "print(generate_latest().decode())\n"
-        "rt.encoder._fast_layers[(torch.device('cpu'), torch.float32)] = None\n"
+        # the compiled layers fail at run time: the encoder runs them eagerly from then on
+        "layers = rt.encoder.fast_layers(torch.device('cpu'), torch.float32)\n"
+        "def boom(*args, **kwargs): raise RuntimeError('compiled layers failed')\n"
+        "layers.hidden = boom\n"
+        "pvs, pps = S.make_batch([S.Media('frame', (6, 6), 4)], 3 * 16 * 16, 3)\n"
         "rt.begin_call(frames=1, images=0)\n"
+        "rt.encoder.encode(pvs, pps)\n"
         "rt.end_call()\n"
         "print('-- after --')\n"
         "print(generate_latest().decode())\n"

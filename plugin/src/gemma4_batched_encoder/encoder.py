@@ -60,6 +60,9 @@ class BatchedVisionEncoder:
         self._fast_layers: dict[
             tuple[torch.device, torch.dtype], FusedLayers | MergedLayers | None
         ] = {}
+        # bumped whenever _fast_layers changes (built, or dropped after a failure): the runtime
+        # re-reads fast_kernels_in_force for its metrics only then, not on every call
+        self.fast_layers_changes = 0
         self._fast_fn = partial(fast_chunk, self.vt)
         if self.settings.compile_fast:
             self._fast_fn = torch.compile(self._fast_fn, dynamic=False)
@@ -123,6 +126,7 @@ class BatchedVisionEncoder:
         key = (device, dtype)
         if key not in self._fast_layers:
             self._fast_layers[key] = self._new_fast_layers()
+            self.fast_layers_changes += 1
             logger.info(
                 "fast mode on %s/%s: compiled encoder layers on (%s)",
                 device,
@@ -242,6 +246,7 @@ class BatchedVisionEncoder:
                 exc_info=True,
             )
             self._fast_layers[(pv.device, pv.dtype)] = None
+            self.fast_layers_changes += 1
             return self._fast(pv, pp)
 
     def _exact_pass(

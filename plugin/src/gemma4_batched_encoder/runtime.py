@@ -55,6 +55,7 @@ class EncoderRuntime:
             "plugin_version": __version__,
         }
         self._fast_kernels_reported = self.encoder.fast_kernels_in_force(self._device)
+        self._fast_changes_seen = self.encoder.fast_layers_changes
         set_info(**self._info, fast_kernels=self._fast_kernels_reported)
 
     # -- one embed_multimodal call ------------------------------------------------------------
@@ -79,7 +80,9 @@ class EncoderRuntime:
             if fused != self._fused_reported:  # decided at the first call; no write per call
                 self._fused_reported = fused
                 self.metrics.fused_layers.set(1 if fused else 0)
-            if self._info["mode"] == "fast":  # built at the first call; may fall back later
+            changes = self.encoder.fast_layers_changes
+            if changes != self._fast_changes_seen:  # built at the first call; may fall back later
+                self._fast_changes_seen = changes
                 kernels = self.encoder.fast_kernels_in_force(self._device)
                 if kernels != self._fast_kernels_reported:
                     self._fast_kernels_reported = kernels
