@@ -13,6 +13,11 @@ norm (one pass over the rows where there were two; twentieth sitting: 0.13-0.14 
 it deviates from ``exact`` only by rounding order, which fast mode reports (``verify --mode
 fast``).
 
+With ``gemm_epilogues`` (float8 with the fused norms: ``merged-triton-fp8-epilogues``) the Q/K/V
+and gate/up GEMMs are Triton's (fp8_gemm.py) with the q/k/v norms + rotary and GELU x up in their
+epilogues (``_layer_epilogues``); with ``quant_down`` (``merged-triton-fp8-gemms``) the down GEMM
+too, quantizing its input itself.
+
 With ``fp8`` the four GEMMs run in float8 (e4m3) through ``torch._scaled_mm``: each weight row
 and each activation row is scaled by its own absolute maximum (per output channel, per token), the
 products accumulate in fp32 and come out in the layer's dtype. That halves the GEMMs' bytes and
@@ -294,6 +299,10 @@ class MergedLayers:
             raise Unsupported("the fused norm + quantize kernel feeds float8 GEMMs only")
         if gemm_epilogues and not (fused_norms and triton_qkv):
             raise Unsupported("the GEMMs with epilogues take the fused norms' float8 rows")
+        if gemm_epilogues and (self.head_dim % 4 or self.head_dim & (self.head_dim - 1)):
+            raise Unsupported(f"head dim {self.head_dim}: the Q/K/V epilogue takes powers of two")
+        if gemm_epilogues and (cfg.hidden_size % 16 or cfg.intermediate_size % 16):
+            raise Unsupported("the Triton float8 GEMMs take K in blocks of 16")
         if quant_down and not gemm_epilogues:
             raise Unsupported("the down GEMM quantizing its input takes the GELU GEMM's maxima")
         if gemm_epilogues:

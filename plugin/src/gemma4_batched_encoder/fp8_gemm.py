@@ -7,6 +7,15 @@ column scales itself and, with ``gelu_mul``, computes ``gelu_tanh(gate) * up`` f
 accumulator before anything is written: half the bytes out, and the kernel after it only
 quantizes.
 
+``fp8_gemm_qkv`` does the same for the merged Q/K/V GEMM: its epilogue applies the per-head RMS
+norms and the 2D rotary (qkv_kernel.py's arithmetic) with q and k in ``qkv_pair_order``, each
+rotary partner beside its mate in the tile, and writes q, k and v as three tensors.
+
+``fp8_gemm_gelu_amax`` also gathers each output row's absolute maximum (atomic maxima over the
+row's tiles), and ``fp8_gemm_quant_a`` takes those bf16 rows with their maxima and makes each A
+tile float8 in registers with ``quant_rows``' formula: the down projection without a quantize
+kernel writing a float8 copy in between, and with the same operand bytes.
+
 The weight rows for ``gelu_mul`` are interleaved (gate 0, up 0, gate 1, up 1, ...:
 ``interleave_gate_up``), so each output tile holds matching gate and up columns and splits them
 in registers. Products accumulate in fp32 as cuBLAS's do; the order of the K sums may differ
