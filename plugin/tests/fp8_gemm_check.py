@@ -61,7 +61,8 @@ def main() -> None:
 
     def launch(cfg: tuple[int, ...]) -> dict[str, int]:
         keys = ("block_m", "block_n", "block_k", "tma", "persistent")
-        return dict(zip(keys, cfg, strict=True)) | {"group_m": 2}
+        # 4 warps, 2 stages: small tiles that compile on a GPU as in the interpreter
+        return dict(zip(keys, cfg, strict=True)) | {"group_m": 2, "warps": 4, "stages": 2}
 
     # plain, and GELU x up on interleaved gate/up rows, fp32 out: only the K sums' order differs
     wq, ws = quantize_rows(w)
