@@ -351,7 +351,7 @@ fast-epilogues)
   table=plugin/src/gemma4_batched_encoder/fast_launch.json
   python3 plugin/tests/fp8_gemm_check.py --device cuda >"$OUT/fp8-gemm-check.json" ||
     echo "gemm check: exit $?"
-  python3 bench/fp8_gemm_probe.py --write "$table" --out "$OUT/fp8-gemm-probe.json" ||
+  python3 bench/fp8_gemm_probe.py --epilogues-only --write "$table" --out "$OUT/fp8-gemm-probe.json" ||
     echo "probe: exit $?"
   cp "$table" "$OUT/"
   E="--preset e4b --device cuda --dtype bf16"
