@@ -168,7 +168,7 @@ if triton is not None:
             x = tl.reshape(acc, (BLOCK_M, HB, D))
             x = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=2) / D + eps))[:, :, None]
             rows = rm.to(tl.int64)[:, None]
-            dst = out + part * M * HD + rows * HD + (pid_n * BLOCK_N - part * HD)
+            dst = out + part.to(tl.int64) * M * HD + rows * HD + (pid_n * BLOCK_N - part * HD)
             dst += tl.arange(0, BLOCK_N)[None, :]
             if part == 2:  # v: a norm without scale, no rotary
                 tl.store(dst, tl.reshape(x, (BLOCK_M, BLOCK_N)).to(ty), mask=m_ok[:, None])
