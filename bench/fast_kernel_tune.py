@@ -356,11 +356,7 @@ def main() -> None:
     _section(result, "whole_pass", lambda: [r for n in counts for r in whole_pass(vt, n, variants)])
     _print(result)
     if args.write and "fastest_launches" in result:
-        table = json.loads(Path(args.write).read_text())
-        # merged: the entry's other kernels (the GEMMs' launches: bench/fp8_gemm_probe.py) stay
-        entry = table.setdefault(launch_config.device_name(torch.device(DEVICE)), {})
-        entry.update(result["fastest_launches"])
-        Path(args.write).write_text(json.dumps(table, indent=2) + "\n")
+        launch_config.enter(args.write, torch.device(DEVICE), result["fastest_launches"])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

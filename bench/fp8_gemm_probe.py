@@ -196,14 +196,12 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     gelu, qkv = fastest(mid["fused"]), fastest(result["qkv_epilogue"]["fused"])
     if args.write and gelu and qkv:
-        table = json.loads(args.write.read_text())
-        entry = table.setdefault(launch_config.device_name(dev), {})
-        entry.update({"gemm_gelu": gelu["launch"], "gemm_qkv": qkv["launch"]})
+        launches = {"gemm_gelu": gelu["launch"], "gemm_qkv": qkv["launch"]}
         down = fastest(result["down"]["fused"])
         if down:
-            entry["gemm_down"] = down["launch"]
-        args.write.write_text(json.dumps(table, indent=2) + "\n")
-        print(f"entered in {args.write}: { ({k: entry[k] for k in entry if 'gemm' in k}) }")
+            launches["gemm_down"] = down["launch"]
+        launch_config.enter(args.write, dev, launches)
+        print(f"entered in {args.write}: {launches}")
 
 
 def down_chain(h: torch.Tensor, repeats: int) -> dict:

@@ -47,6 +47,24 @@ def test_every_entry_names_only_known_kernels_and_keys():
             assert set(choice) <= set(default[kernel]), (device, kernel)
 
 
+def test_entering_launches_keeps_the_entrys_other_kernels(tmp_path):
+    # two bench tools tune different kernels of one device entry (fast_kernel_tune: the row
+    # kernels; fp8_gemm_probe: the GEMMs): each must leave the other's choices in place
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(launch_config.table()))
+    launch_config.enter(path, CPU, {"gemm_gelu": {"tma": 1}})
+    launch_config.enter(path, CPU, {"qkv": {"block_m": 8}, "gemm_qkv": {"warps": 8}})
+    written = json.loads(path.read_text())
+    assert written["cpu"] == {
+        "gemm_gelu": {"tma": 1},
+        "qkv": {"block_m": 8},
+        "gemm_qkv": {"warps": 8},
+    }
+    assert {k: v for k, v in written.items() if k != "cpu"} == launch_config.table()
+    launch_config.enter(path, CPU, {"gemm_gelu": {"tma": 0}})  # a later run replaces its own
+    assert json.loads(path.read_text())["cpu"]["gemm_gelu"] == {"tma": 0}
+
+
 def test_the_wheel_carries_the_table(tmp_path):
     # package data: without it an installed plugin's fast mode fails at its first Triton launch
     plugin = Path(__file__).resolve().parents[1]

@@ -21,6 +21,7 @@ import functools
 import json
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,3 +58,13 @@ def overridden(launches: dict[str, dict[str, Any]]) -> Iterator[None]:
     finally:
         _overrides.clear()
         _overrides.update(saved)
+
+
+def enter(path: str | Path, device: torch.device, launches: dict[str, dict[str, Any]]) -> None:
+    """Write ``launches`` (kernel -> choice) into the launch table at ``path`` under
+    ``device``'s name, keeping that entry's other kernels (the bench tools that tune different
+    kernels each enter theirs: bench/fast_kernel_tune.py, bench/fp8_gemm_probe.py)."""
+    path = Path(path)
+    table = json.loads(path.read_text())
+    table.setdefault(device_name(device), {}).update(launches)
+    path.write_text(json.dumps(table, indent=2) + "\n")
