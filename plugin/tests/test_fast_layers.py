@@ -115,6 +115,15 @@ def test_fast_kernels_in_force_names_what_runs():
     assert enc.fast_kernels_in_force(cpu) == "eager"
 
 
+def test_every_fast_kernels_choice_builds_its_layers():
+    # the setting's names and the merged layers' switches are one list (fast_layers.CHOICES)
+    from typing import get_args
+
+    from gemma4_batched_encoder.settings import FastKernels
+
+    assert set(get_args(FastKernels)) == {"stock", *fast_layers.CHOICES}
+
+
 def test_fast_kernels_setting(monkeypatch):
     monkeypatch.delenv("GEMMA4_ENCODER_FAST_KERNELS", raising=False)
     assert Settings.from_env().fast_kernels == "merged-triton"

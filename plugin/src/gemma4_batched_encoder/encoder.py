@@ -11,7 +11,7 @@ from torch import nn
 
 from .chunk import PoolerImpl, exact_chunk, fast_chunk
 from .cuda_graphs import CudaGraphRunner, bucket_size
-from .fast_layers import MergedLayers, Unsupported
+from .fast_layers import CHOICES, MergedLayers, Unsupported
 from .fused import FusedLayers
 from .inputs import Item, PixelInput, build_items, bytes_per_item, chunks, group_items
 from .log import logger
@@ -164,14 +164,7 @@ class BatchedVisionEncoder:
         kernels = self.settings.fast_kernels
         if kernels != "stock":
             try:
-                return MergedLayers(
-                    self.vt,
-                    triton_qkv=kernels.startswith("merged-triton"),
-                    fp8="-fp8" in kernels,
-                    fused_norms=kernels.endswith(("-norms", "-epilogues", "-gemms")),
-                    gemm_epilogues=kernels.endswith(("-epilogues", "-gemms")),
-                    quant_down=kernels.endswith("-gemms"),
-                )
+                return MergedLayers(self.vt, **CHOICES[kernels])
             except Unsupported as e:
                 logger.warning("GEMMA4_ENCODER_FAST_KERNELS=%s unsupported here (%s)", kernels, e)
         return FusedLayers(self.vt, exact=False)

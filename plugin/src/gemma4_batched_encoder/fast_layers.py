@@ -85,6 +85,19 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 
+# GEMMA4_ENCODER_FAST_KERNELS' merged-layer choices (settings.FastKernels besides "stock"), each
+# as MergedLayers' switches; every choice adds to the one before it
+_FP8 = {"triton_qkv": True, "fp8": True}
+_NORMS = {**_FP8, "fused_norms": True}
+CHOICES: dict[str, dict[str, bool]] = {
+    "merged": {},
+    "merged-triton": {"triton_qkv": True},
+    "merged-triton-fp8": _FP8,
+    "merged-triton-fp8-norms": _NORMS,
+    "merged-triton-fp8-epilogues": {**_NORMS, "gemm_epilogues": True},
+    "merged-triton-fp8-gemms": {**_NORMS, "gemm_epilogues": True, "quant_down": True},
+}
+
 
 def _linear(
     x: Tensor,
@@ -151,6 +164,26 @@ def _add_norm_quant(
     return (x if branch is None else s.view(b, n, d)), hq, hs
 
 
+def _attention(
+    q: Tensor, k: Tensor, v: Tensor, w: dict[str, Tensor | None], heads: int, head_dim: int
+) -> Tensor:
+    """Attention (scale 1, no mask: valid patches only) and the o projection; q, k, v as
+    [B, L, H, D]."""
+    b, n = q.shape[:2]
+    attn = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0)
+    return _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
+
+
+def _close(
+    x: Tensor, h: Tensor, w: dict[str, Tensor | None], eps: float, last: bool
+) -> tuple[Tensor, Tensor | None]:
+    """A layer call's result: (stream, down projection left for the next call to add), or in
+    the last layer the final stream with the down projection's post-FFW norm added."""
+    if last:
+        return x + _rms(h, w["post_ffw_norm"], eps), None
+    return x, h
+
+
 def _layer_epilogues(
     x: Tensor,
     pending: Tensor | None,
@@ -175,9 +208,8 @@ def _layer_epilogues(
     qkv = gemm_qkv(
         hq, hs, w["qkv"], w["qkv_scale"], cos, sin, w["q_norm"], w["k_norm"], heads, eps, x.dtype
     )
-    q, k, v = (t.view(b, n, heads, head_dim).transpose(1, 2) for t in qkv.unbind(0))
-    attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
-    attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
+    q, k, v = (t.view(b, n, heads, head_dim) for t in qkv.unbind(0))
+    attn = _attention(q, k, v, w, heads, head_dim)
     x, hq, hs = _add_norm_quant(x, attn, w["post_attn_norm"], w["pre_ffw_norm"], eps)
     if quant_down:
         mid, amax = gemm_gelu_mul_amax(hq, hs, w["gate_up"], w["gate_up_scale"], x.dtype)
@@ -185,9 +217,7 @@ def _layer_epilogues(
     else:
         mid = gemm_gelu_mul(hq, hs, w["gate_up"], w["gate_up_scale"], x.dtype)
         h = _linear(mid.view(b, n, -1), w, "down", quantized=quant_rows(mid))
-    if last:
-        return x + _rms(h, w["post_ffw_norm"], eps), None
-    return x, h
+    return _close(x, h, w, eps, last)
 
 
 def _layer(
@@ -214,9 +244,7 @@ def _layer(
     qkv_fn = qkv_norm_rope if triton_qkv else qkv_norm_rope_reference
     x, qkv = _add_norm_linear(x, pending, pending_norm, w, "input_norm", "qkv", eps, fused_norms)
     q, k, v = qkv_fn(qkv, cos, sin, w["q_norm"], w["k_norm"], heads, eps)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
-    attn = _linear(attn.transpose(1, 2).reshape(b, n, heads * head_dim), w, "o")
+    attn = _attention(q, k, v, w, heads, head_dim)
     x, gate_up = _add_norm_linear(
         x, attn, w["post_attn_norm"], w, "pre_ffw_norm", "gate_up", eps, fused_norms
     )
@@ -226,9 +254,7 @@ def _layer(
     else:
         gate, up = gate_up.chunk(2, dim=-1)
         h = _linear(F.gelu(gate, approximate="tanh") * up, w, "down")
-    if last:
-        return x + _rms(h, w["post_ffw_norm"], eps), None
-    return x, h
+    return _close(x, h, w, eps, last)
 
 
 def _embed(pixel_values: Tensor, position_ids: Tensor, weight: Tensor, table: Tensor) -> Tensor:
