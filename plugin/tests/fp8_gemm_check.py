@@ -14,11 +14,9 @@ hardware conversion must give torch's bytes.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
-from pathlib import Path
+
+from kernel_check_cli import device_from_argv
 
 # (block_m, block_n, block_k, tma, persistent): a part-masked last row block, K in several blocks,
 # pointer and TMA loads, persistent programs (4 in the interpreter, each several tiles)
@@ -30,12 +28,7 @@ def _rel(a, b) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = parser.parse_args()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(Path(__file__).parent))  # g4helpers, test_bit_identity
+    device_type = device_from_argv(__doc__.splitlines()[0])
     import torch
 
     from gemma4_batched_encoder.fp8_gemm import (
@@ -51,9 +44,9 @@ def main() -> None:
     from gemma4_batched_encoder.fp8_quant import quant_rows, quantize_rows
     from gemma4_batched_encoder.qkv_kernel import qkv_norm_rope_reference, triton_usable
 
-    device = torch.device(args.device)
+    device = torch.device(device_type)
     torch.manual_seed(0)
-    out: dict = {"device": args.device, "usable": triton_usable(torch.zeros(1, device=device))}
+    out: dict = {"device": device_type, "usable": triton_usable(torch.zeros(1, device=device))}
     m, k, heads, dim = 70, 128, 2, 64
     x = (torch.randn(m, k) * torch.logspace(-2, 2, m)[:, None]).to(device)
     w = (torch.randn(3 * heads * dim, k) * torch.logspace(-1, 1, k)[None, :] * 0.05).to(device)
@@ -151,7 +144,7 @@ def main() -> None:
             "max_steps_besides_carries": steps.max().item(),
         }
 
-    if args.device == "cpu":  # inside the float8 layers
+    if device_type == "cpu":  # inside the float8 layers
         import g4helpers as H
         from test_bit_identity import COMPOSITIONS
 

@@ -15,20 +15,13 @@ hardware conversion rounds correctly, so ``carries`` must be 0 there.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
-from pathlib import Path
+
+from kernel_check_cli import device_from_argv
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = parser.parse_args()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(Path(__file__).parent))  # g4helpers, test_bit_identity
+    device_type = device_from_argv(__doc__.splitlines()[0])
     import torch
 
     from gemma4_batched_encoder.fp8_quant import (
@@ -41,13 +34,13 @@ def main() -> None:
     )
     from gemma4_batched_encoder.qkv_kernel import triton_usable
 
-    device = torch.device(args.device)
+    device = torch.device(device_type)
     torch.manual_seed(0)
-    out: dict = {"device": args.device, "usable": triton_usable(torch.zeros(1, device=device))}
+    out: dict = {"device": device_type, "usable": triton_usable(torch.zeros(1, device=device))}
     out["kernel"] = {}
     for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         # 96 wide: a masked block of 128 (E4B's 3,072 on the GPU too); rows of other ranges, one 0
-        for width in (96, 3072) if args.device == "cuda" else (96,):
+        for width in (96, 3072) if device_type == "cuda" else (96,):
             m = 6
             gu = torch.randn(m, 2 * width) * torch.logspace(-3, 2, m)[:, None]
             gu = gu.to(dt).to(device)
@@ -81,7 +74,7 @@ def main() -> None:
         # 96 wide: a masked block of 128; E4B's 768 in fp32 (and everywhere on a GPU); 7 rows:
         # the last block part-masked. Triton 3.7's interpreter truncates fp32 -> bf16 where a
         # GPU rounds to nearest, so on the CPU the bf16 rows differ by a step here and there.
-        for width in (96, 768) if args.device == "cuda" or dt == torch.float32 else (96,):
+        for width in (96, 768) if device_type == "cuda" or dt == torch.float32 else (96,):
             m = 7
             x = (torch.randn(m, width) * torch.logspace(-2, 2, m)[:, None]).to(dt).to(device)
             branch = (torch.randn(m, width) * 3).to(dt).to(device)
@@ -125,7 +118,7 @@ def main() -> None:
                     .item(),
                     "launches_equal": launches_equal,
                 }
-    if args.device == "cpu":  # inside the float8 layers (the GPU's: bench/gpu/h200.sh fast-probe)
+    if device_type == "cpu":  # inside the float8 layers (the GPU's: bench/gpu/h200.sh fast-probe)
         import g4helpers as H
         from test_bit_identity import COMPOSITIONS
 
