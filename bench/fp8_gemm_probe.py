@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -68,19 +69,22 @@ def launch_dict(cfg: tuple[tuple[int, ...], dict[str, int]]) -> dict[str, int]:
             "warps": warps, **rest}  # fmt: skip
 
 
-def sweep(fn_for, reference: torch.Tensor, repeats: int) -> list[dict]:
+def each_launch(measure: Callable[[dict[str, int]], dict]) -> list[dict]:
+    """``measure(launch)`` for every launch in LAUNCHES, each row with its launch; a launch that
+    fails (one that does not compile: shared memory, a Triton without the option) is recorded
+    with its error and the sweep goes on."""
     rows = []
     for cfg in LAUNCHES:
-        row: dict = {"launch": launch_dict(cfg)}
+        launch = launch_dict(cfg)
         try:
-            out = fn_for(row["launch"])()
-            torch.cuda.synchronize()
-            row["max_rel"] = ((out.float() - reference).abs().max() / reference.abs().max()).item()
-            row["ms"] = median_ms(fn_for(row["launch"]), repeats)
-        except Exception as e:  # a launch that does not compile (shared memory): recorded
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        rows.append(row)
+            rows.append({"launch": launch, **measure(launch)})
+        except Exception as e:
+            rows.append({"launch": launch, "error": f"{type(e).__name__}: {str(e)[:200]}"})
     return rows
+
+
+def max_rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref).abs().max() / ref.abs().max()).item()
 
 
 def fastest(rows: list[dict]) -> dict | None:
@@ -101,10 +105,15 @@ def gemm_row(m: int, n: int, k: int, repeats: int) -> dict:
     def cublas() -> torch.Tensor:
         return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
 
+    def measure(launch: dict[str, int]) -> dict:
+        out = fp8_gemm(xq, xs, wq, ws, launch=launch)
+        run = lambda: fp8_gemm(xq, xs, wq, ws, launch=launch)  # noqa: E731
+        return {"max_rel": max_rel(out, ref), "ms": median_ms(run, repeats)}
+
     entry = {
         "cublas_ms": median_ms(cublas, repeats),
-        "cublas_max_rel": ((cublas().float() - ref).abs().max() / ref.abs().max()).item(),
-        "triton": sweep(lambda cfg: lambda: fp8_gemm(xq, xs, wq, ws, launch=cfg), ref, repeats),
+        "cublas_max_rel": max_rel(cublas(), ref),
+        "triton": each_launch(measure),
     }
     entry["tflops_cublas"] = 2 * m * n * k / entry["cublas_ms"] / 1e9
     return entry
@@ -142,47 +151,7 @@ def main() -> None:
         best_ms = best["ms"] if best else float("nan")
         print(f"{name:8} {entry['cublas_ms']:11.3f} {best_ms:14.3f}  {best and best['launch']}")
 
-    # the MLP middle: [M, 768] -> float8 rows of gelu(gate) * up and their scales
-    n, k = SHAPES["gate_up"]
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.03
-    xq, xs = quantize_rows(x)
-    wq, ws = quantize_rows(w)
-    ws_t = ws.t().contiguous()
-    wi = interleave_gate_up(w)
-    wiq, wis = quantize_rows(wi)
-
-    def stock() -> tuple[torch.Tensor, torch.Tensor]:
-        gu = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
-        return gelu_mul_quant(gu)
-
-    def fused_for(cfg: dict) -> object:
-        return lambda: quant_rows(fp8_gemm(xq, xs, wiq, wis, gelu_mul=True, launch=cfg))
-
-    sq, ss = stock()
-    ref = (sq.float() * ss).float()
-    mid: dict = {"stock_ms": median_ms(stock, args.repeats), "fused": []}
-    for cfg in LAUNCHES:
-        row: dict = {"launch": launch_dict(cfg)}
-        try:
-            fq, fs = fused_for(row["launch"])()
-            torch.cuda.synchronize()
-            row["max_rel_vs_stock"] = ((fq.float() * fs - ref).abs().max() / ref.abs().max()).item()
-            row["ms"] = median_ms(fused_for(row["launch"]), args.repeats)
-            row["gemm_only_ms"] = median_ms(
-                lambda c=row["launch"]: fp8_gemm(xq, xs, wiq, wis, gelu_mul=True, launch=c),
-                args.repeats,
-            )
-            # the same GEMM also gathering its rows' maxima (merged-triton-fp8-gemms)
-            row["gemm_amax_ms"] = median_ms(
-                lambda c=row["launch"]: fp8_gemm_gelu_amax(xq, xs, wiq, wis, launch=c),
-                args.repeats,
-            )
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        mid["fused"].append(row)
-    h = fp8_gemm(xq, xs, wiq, wis, gelu_mul=True)
-    mid["quant_only_ms"] = median_ms(lambda: quant_rows(h), args.repeats)
+    mid, h = mlp_middle(m, args.repeats)
     result["mlp_middle"] = mid
     best = fastest(mid["fused"])
     print(f"MLP middle: stock {mid['stock_ms']:.3f} ms; fused, fastest launch: {best}")
@@ -204,6 +173,48 @@ def main() -> None:
         print(f"entered in {args.write}: {launches}")
 
 
+def mlp_middle(m: int, repeats: int) -> tuple[dict, torch.Tensor]:
+    """[M, 768] -> float8 rows of gelu(gate) * up and their scales: cuBLASLt's gate/up GEMM +
+    the GELU x up + quantize kernel against the Triton GEMM with GELU x up in its epilogue + the
+    quantize-only kernel; also the GEMM alone and with its rows' maxima. Returns the rows' bf16
+    GELU x up (the down projection's input) too."""
+    dev = torch.device("cuda")
+    n, k = SHAPES["gate_up"]
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.03
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_rows(w)
+    ws_t = ws.t().contiguous()
+    wiq, wis = quantize_rows(interleave_gate_up(w))
+
+    def stock() -> tuple[torch.Tensor, torch.Tensor]:
+        gu = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
+        return gelu_mul_quant(gu)
+
+    sq, ss = stock()
+    ref = sq.float() * ss
+
+    def measure(launch: dict[str, int]) -> dict:
+        def gemm() -> torch.Tensor:
+            return fp8_gemm(xq, xs, wiq, wis, gelu_mul=True, launch=launch)
+
+        fq, fs = quant_rows(gemm())
+        return {
+            "max_rel_vs_stock": max_rel(fq.float() * fs, ref),
+            "ms": median_ms(lambda: quant_rows(gemm()), repeats),
+            "gemm_only_ms": median_ms(gemm, repeats),
+            # the same GEMM also gathering its rows' maxima (merged-triton-fp8-gemms)
+            "gemm_amax_ms": median_ms(
+                lambda: fp8_gemm_gelu_amax(xq, xs, wiq, wis, launch=launch), repeats
+            ),
+        }
+
+    out: dict = {"stock_ms": median_ms(stock, repeats), "fused": each_launch(measure)}
+    h = fp8_gemm(xq, xs, wiq, wis, gelu_mul=True)
+    out["quant_only_ms"] = median_ms(lambda: quant_rows(h), repeats)
+    return out, h
+
+
 def down_chain(h: torch.Tensor, repeats: int) -> dict:
     """The down projection of GELU x up's bf16 rows ``h``: the quantize kernel + cuBLASLt's
     float8 GEMM against the Triton GEMM quantizing each A tile in registers from the rows'
@@ -220,22 +231,17 @@ def down_chain(h: torch.Tensor, repeats: int) -> dict:
         return torch._scaled_mm(hq, wq.t(), scale_a=hs, scale_b=ws_t, out_dtype=torch.bfloat16)
 
     ref = stock().float()
-    out: dict = {"stock_ms": median_ms(stock, repeats), "fused": []}
-    for cfg in LAUNCHES:
-        row: dict = {"launch": launch_dict(cfg)}
-        try:
-            got = fp8_gemm_quant_a(h, amax, wq, ws, launch=row["launch"])
-            same = fp8_gemm(*quant_rows(h), wq, ws, launch=row["launch"])
-            torch.cuda.synchronize()
-            row["equal_to_quantized_first"] = torch.equal(got, same)
-            row["max_rel_vs_stock"] = ((got.float() - ref).abs().max() / ref.abs().max()).item()
-            row["ms"] = median_ms(
-                lambda c=row["launch"]: fp8_gemm_quant_a(h, amax, wq, ws, launch=c), repeats
-            )
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        out["fused"].append(row)
-    return out
+
+    def measure(launch: dict[str, int]) -> dict:
+        got = fp8_gemm_quant_a(h, amax, wq, ws, launch=launch)
+        same = fp8_gemm(*quant_rows(h), wq, ws, launch=launch)
+        return {
+            "equal_to_quantized_first": torch.equal(got, same),
+            "max_rel_vs_stock": max_rel(got, ref),
+            "ms": median_ms(lambda: fp8_gemm_quant_a(h, amax, wq, ws, launch=launch), repeats),
+        }
+
+    return {"stock_ms": median_ms(stock, repeats), "fused": each_launch(measure)}
 
 
 def qkv_epilogue(m: int, repeats: int, heads: int = 12, dim: int = 64) -> dict:
@@ -261,28 +267,25 @@ def qkv_epilogue(m: int, repeats: int, heads: int = 12, dim: int = 64) -> dict:
         qkv = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
         return qkv_norm_rope(qkv.view(1, m, -1), cos[None], sin[None], qn, kn, heads, 1e-6)
 
-    def fused_for(cfg: dict) -> object:
-        return lambda: fp8_gemm_qkv(
-            xq, xs, wpq, wps, cos, sin, qn[order], kn[order], heads, 1e-6, launch=cfg
+    def fused(launch: dict[str, int]) -> torch.Tensor:
+        return fp8_gemm_qkv(
+            xq, xs, wpq, wps, cos, sin, qn[order], kn[order], heads, 1e-6, launch=launch
         )
 
     sq, sk, sv = (t.reshape(m, heads, dim).float() for t in stock())
-    out: dict = {"stock_ms": median_ms(stock, repeats), "fused": []}
-    for cfg in LAUNCHES:
-        row: dict = {"launch": launch_dict(cfg)}
-        try:
-            f = fused_for(row["launch"])().float().view(3, m, heads, dim)
-            torch.cuda.synchronize()
-            row["max_abs_vs_stock"] = [
+
+    def measure(launch: dict[str, int]) -> dict:
+        f = fused(launch).float().view(3, m, heads, dim)
+        return {
+            "max_abs_vs_stock": [
                 (f[0][..., back] - sq).abs().max().item(),
                 (f[1][..., back] - sk).abs().max().item(),
                 (f[2] - sv).abs().max().item(),
-            ]
-            row["ms"] = median_ms(fused_for(row["launch"]), repeats)
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        out["fused"].append(row)
-    return out
+            ],
+            "ms": median_ms(lambda: fused(launch), repeats),
+        }
+
+    return {"stock_ms": median_ms(stock, repeats), "fused": each_launch(measure)}
 
 
 if __name__ == "__main__":

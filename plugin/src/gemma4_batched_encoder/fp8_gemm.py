@@ -24,6 +24,8 @@ in registers. Products accumulate in fp32 as cuBLAS's do; the order of the K sum
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -283,6 +285,7 @@ def _launch(
     return out
 
 
+@functools.cache
 def _multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # Triton's interpreter on the CPU: a few programs, each several tiles
