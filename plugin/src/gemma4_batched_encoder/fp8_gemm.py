@@ -36,8 +36,7 @@ from .qkv_kernel import triton, triton_usable
 if triton is not None:
     import triton.language as tl
 
-    _SQRT_2_OVER_PI: tl.constexpr = tl.constexpr(0.7978845608028654)
-    _FP8_MAX: tl.constexpr = tl.constexpr(448.0)  # fp8_quant.FP8_MAX
+    from .fp8_quant import _MAX, gelu_tanh_mul
 
     @triton.jit
     def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
@@ -128,7 +127,7 @@ if triton is not None:
         # A_QUANT: a_scale holds each row's amax; quant_rows' scale from it (else unused)
         if A_QUANT:
             amax = tl.load(a_scale + tl.minimum(rm, M - 1))
-            return tl.maximum(amax, 1e-12) / _FP8_MAX
+            return tl.maximum(amax, 1e-12) / _MAX
         else:
             return tl.full(rm.shape, 1.0, tl.float32)
 
@@ -156,8 +155,7 @@ if triton is not None:
         if EPILOGUE == 1 or EPILOGUE == 3:
             # GELU x up: columns gate 0, up 0, gate 1, ... (interleave_gate_up)
             g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
-            inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
-            h = (g * tl.sigmoid(2.0 * inner) * u).to(ty)  # gelu_tanh(g) * u, as fp8_quant's
+            h = gelu_tanh_mul(g, u).to(ty)
             rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
             dst = out + rm.to(tl.int64)[:, None] * (N // 2) + rh[None, :]
             tl.store(dst, h, mask=m_ok[:, None] & (rh < N // 2)[None, :])

@@ -57,6 +57,23 @@ if triton is not None:
     _SQRT_2_OVER_PI: tl.constexpr = tl.constexpr(0.7978845608028654)
 
     @triton.jit
+    def gelu_tanh_mul(g, u):
+        # gelu_tanh(g) * u in fp32, GELU-tanh written as g * sigmoid(2 * inner) (the module doc);
+        # also fp8_gemm.py's epilogue
+        inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        return g * tl.sigmoid(2.0 * inner) * u
+
+    @triton.jit
+    def _store_quantized(h, out, scale_out, rows, cols, width, mask, row_ok):
+        # quantize_rows' formula on fp32 rows held in registers (masked columns are 0: they
+        # leave the amax alone); the float8 rows and their scales written once
+        scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / _MAX
+        dst = out + rows[:, None] * width + cols[None, :]
+        tl.store(dst, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
+        tl.store(scale_out + rows, scale, mask=row_ok)
+
+    # two kernels (not one with a switch) so that profiles tell GELU x up from the plain rows
+    @triton.jit
     def _gelu_mul_quant_kernel(
         gate_up, out, scale_out, m, width, BLOCK: tl.constexpr, ROWS: tl.constexpr
     ):
@@ -67,15 +84,7 @@ if triton is not None:
         src = gate_up + rows[:, None] * (2 * width) + cols[None, :]
         g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(src + width, mask=mask, other=0.0).to(tl.float32)
-        inner = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
-        h = g * tl.sigmoid(2.0 * inner) * u  # masked columns are 0: they leave the amax alone
-        scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / _MAX
-        dst = out + rows[:, None] * width + cols[None, :]
-        tl.store(dst, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
-        tl.store(scale_out + rows, scale, mask=row_ok)
-
-
-if triton is not None:
+        _store_quantized(gelu_tanh_mul(g, u), out, scale_out, rows, cols, width, mask, row_ok)
 
     @triton.jit
     def _quant_rows_kernel(src, out, scale_out, m, width, BLOCK: tl.constexpr, ROWS: tl.constexpr):
@@ -84,23 +93,26 @@ if triton is not None:
         row_ok = rows < m
         mask = row_ok[:, None] & (cols < width)[None, :]
         h = tl.load(src + rows[:, None] * width + cols[None, :], mask=mask, other=0.0)
-        h = h.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / _MAX
-        dst = out + rows[:, None] * width + cols[None, :]
-        tl.store(dst, (h / scale[:, None]).to(tl.float8e4nv), mask=mask)
-        tl.store(scale_out + rows, scale, mask=row_ok)
+        _store_quantized(h.to(tl.float32), out, scale_out, rows, cols, width, mask, row_ok)
 
 
-def _launch_quant_rows(t: Tensor, rows: int | None = None, warps: int | None = None):
-    m, width = t.shape
-    t = t.contiguous()
-    out = t.new_empty((m, width), dtype=torch.float8_e4m3fn)
-    scale = t.new_empty((m, 1), dtype=torch.float32)
-    choice = launch("gelu_quant", t.device)  # the same row-per-program shape as GELU x up's
+def _launch_rows(
+    kernel: object, src: Tensor, width: int, rows: int | None, warps: int | None
+) -> tuple[Tensor, Tensor]:
+    """One of the row kernels above over ``src``'s rows, each ``width`` wide out: float8 rows
+    and their scales. Rows a program and its warps from the table's ``gelu_quant`` entry (0
+    warps: 4,096 wide a row as E4B's, 16 warps, 8 fp32 pairs a thread); the launch changes the
+    time, never a byte (launch_config.py)."""
+    m = src.shape[0]
+    src = src.contiguous()
+    out = src.new_empty((m, width), dtype=torch.float8_e4m3fn)
+    scale = src.new_empty((m, 1), dtype=torch.float32)
+    block = triton.next_power_of_2(width)
+    choice = launch("gelu_quant", src.device)
     rows = rows or choice["rows"]
-    warps = warps or choice["warps"] or 4
-    _quant_rows_kernel[(triton.cdiv(m, rows),)](
-        t, out, scale, m, width, BLOCK=triton.next_power_of_2(width), ROWS=rows, num_warps=warps
+    warps = warps or choice["warps"] or min(16, max(4, rows * block // 256))
+    kernel[(triton.cdiv(m, rows),)](  # type: ignore[index]
+        src, out, scale, m, width, BLOCK=block, ROWS=rows, num_warps=warps
     )
     return out, scale
 
@@ -111,7 +123,7 @@ def quant_rows(t: Tensor) -> tuple[Tensor, Tensor]:
     in its epilogue leaves only this to the kernel after it; fp8_gemm.py)."""
     if not triton_usable(t):
         return quantize_rows(t)
-    return _launch_quant_rows(t)
+    return _launch_rows(_quant_rows_kernel, t, t.shape[1], None, None)
 
 
 @quant_rows.register_fake
@@ -123,22 +135,7 @@ def _(t):
 def _launch_gelu_mul_quant(
     gate_up: Tensor, rows: int | None = None, warps: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    m, both = gate_up.shape
-    width = both // 2
-    gate_up = gate_up.contiguous()
-    out = gate_up.new_empty((m, width), dtype=torch.float8_e4m3fn)
-    scale = gate_up.new_empty((m, 1), dtype=torch.float32)
-    block = triton.next_power_of_2(width)
-    # rows a program quantizes, and its warps (0: 4,096 wide a row as E4B's, 16 warps, 8 fp32
-    # pairs a thread); the launch changes the time, never a byte (launch_config.py)
-    choice = launch("gelu_quant", gate_up.device)
-    rows = rows or choice["rows"]
-    warps = warps or choice["warps"] or min(16, max(4, rows * block // 256))
-    grid = (triton.cdiv(m, rows),)
-    _gelu_mul_quant_kernel[grid](
-        gate_up, out, scale, m, width, BLOCK=block, ROWS=rows, num_warps=warps
-    )
-    return out, scale
+    return _launch_rows(_gelu_mul_quant_kernel, gate_up, gate_up.shape[1] // 2, rows, warps)
 
 
 @torch.library.custom_op("gemma4_batched_encoder::gelu_mul_quant", mutates_args=())
