@@ -81,17 +81,9 @@ if triton is not None:
     ):  # fmt: skip
         # the same with the tiles loaded by the Hopper TMA unit (rows past M read as zeros)
         pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        rm = off_m + tl.arange(0, BLOCK_M)
-        rn = off_n + tl.arange(0, BLOCK_N)
-        a_div = _row_divisor(a_scale, rm, M, A_QUANT)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a_t = _a_operand(a_desc.load([off_m, k]), a_div, A_QUANT)
-            acc = tl.dot(a_t, b_desc.load([off_n, k]).T, acc)
-        _epilogue(acc, a_scale, b_scale, out, rm, rn, pid_n, M, N, cos, sin, qw, kw, eps,
-                  row_amax, EPILOGUE, A_QUANT, HD, D, BLOCK_M, BLOCK_N)  # fmt: skip
+        _tma_tile(a_desc, b_desc, a_scale, b_scale, out, M, N, K, cos, sin, qw, kw, eps,
+                  row_amax, pid_m, pid_n, EPILOGUE, A_QUANT, HD, D, BLOCK_M, BLOCK_N,
+                  BLOCK_K)  # fmt: skip
 
     @triton.jit
     def _fp8_gemm_persistent_kernel(
@@ -105,22 +97,31 @@ if triton is not None:
         # epilogue (E4B's K of 768 is six K blocks: a pipeline's fill and drain are a large
         # share of each tile)
         tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        k_blocks = K // BLOCK_K
         for tile in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=FLATTEN,
                              warp_specialize=WARP_SPECIALIZE):  # fmt: skip
             pid_m, pid_n = _tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            rm = off_m + tl.arange(0, BLOCK_M)
-            rn = off_n + tl.arange(0, BLOCK_N)
-            a_div = _row_divisor(a_scale, rm, M, A_QUANT)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(k_blocks):
-                k = kb * BLOCK_K
-                a_t = _a_operand(a_desc.load([off_m, k]), a_div, A_QUANT)
-                acc = tl.dot(a_t, b_desc.load([off_n, k]).T, acc)
-            _epilogue(acc, a_scale, b_scale, out, rm, rn, pid_n, M, N, cos, sin, qw, kw, eps,
-                      row_amax, EPILOGUE, A_QUANT, HD, D, BLOCK_M, BLOCK_N)  # fmt: skip
+            _tma_tile(a_desc, b_desc, a_scale, b_scale, out, M, N, K, cos, sin, qw, kw, eps,
+                      row_amax, pid_m, pid_n, EPILOGUE, A_QUANT, HD, D, BLOCK_M, BLOCK_N,
+                      BLOCK_K)  # fmt: skip
+
+    @triton.jit
+    def _tma_tile(
+        a_desc, b_desc, a_scale, b_scale, out, M, N, K, cos, sin, qw, kw, eps, row_amax, pid_m,
+        pid_n, EPILOGUE: tl.constexpr, A_QUANT: tl.constexpr, HD: tl.constexpr, D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # one output tile from TMA loads: its K loop, then the epilogue
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, BLOCK_N)
+        a_div = _row_divisor(a_scale, rm, M, A_QUANT)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a_t = _a_operand(a_desc.load([off_m, k]), a_div, A_QUANT)
+            acc = tl.dot(a_t, b_desc.load([off_n, k]).T, acc)
+        _epilogue(acc, a_scale, b_scale, out, rm, rn, pid_n, M, N, cos, sin, qw, kw, eps,
+                  row_amax, EPILOGUE, A_QUANT, HD, D, BLOCK_M, BLOCK_N)  # fmt: skip
 
     @triton.jit
     def _row_divisor(a_scale, rm, M, A_QUANT: tl.constexpr):
