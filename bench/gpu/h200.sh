@@ -79,7 +79,9 @@
 #                                           in one $OUT/NAME.tgz: one configuration per call
 #   bench/gpu/h200.sh bg NAME STEP ARGS...  `packed NAME STEP ARGS` in the background (a GPU step
 #                                           while the wheelhouse is still being staged)
-#   bench/gpu/h200.sh collect NAME          wait for that background step; its NAME.tgz to $OUT
+#   bench/gpu/h200.sh collect NAME [LIMIT_S]   wait for that background step (at most LIMIT_S,
+#                                           default 500); its NAME.tgz to $OUT, or what it has
+#                                           so far as NAME-partial.tgz if it still runs
 #   bench/gpu/h200.sh packed NAME STEP ARGS...   any step with its files packed into one
 #                                           $OUT/NAME.tgz (the device returns 8 files a call;
 #                                           a `measure` alone writes more)
@@ -332,7 +334,7 @@ fast-layouts)
     "norms-list merged-triton-fp8-norms list exact-fused,fast" \
     "fp8-stacked merged-triton-fp8 stacked fast" "fp8-list merged-triton-fp8 list fast"; do
     read -r name kernels layout methods <<<"$run"
-    GEMMA4_ENCODER_FAST_KERNELS="$kernels" python3 -m gemma4_batched_encoder.bench $E \
+    GEMMA4_ENCODER_FAST_KERNELS="$kernels" timeout 150 python3 -m gemma4_batched_encoder.bench $E \
       --layout "$layout" --methods "$methods" --out "$OUT/$name.json" >"/tmp/$name.txt" \
       2>"/tmp/$name.log" || tail -n 5 "/tmp/$name.log"
     grep -E "^ *(1|16) " "/tmp/$name.txt" | sed "s/^/$name: /" || true
@@ -349,28 +351,35 @@ fast-epilogues)
   cd "$REPO"
   export PYTHONPATH="$REPO/plugin/src:$PYTHONPATH"
   table=plugin/src/gemma4_batched_encoder/fast_launch.json
-  python3 plugin/tests/fp8_gemm_check.py --device cuda >"$OUT/fp8-gemm-check.json" ||
-    echo "gemm check: exit $?"
-  python3 bench/fp8_gemm_probe.py --epilogues-only --write "$table" --out "$OUT/fp8-gemm-probe.json" ||
-    echo "probe: exit $?"
+  # Each part under its own time limit: the kernels have never run on a GPU, and the one attempt
+  # so far lost the machine mid-run (twenty-third sitting, cause unknown); a hung kernel must not
+  # take the others' time. A failed check stops the step: timings of wrong kernels mean nothing.
+  rc=0
+  timeout 240 python3 plugin/tests/fp8_gemm_check.py --device cuda >"$OUT/fp8-gemm-check.json" || rc=$?
+  if ((rc != 0)); then
+    echo "gemm check: exit $rc (124: time limit); the probe, bench, verify and profile are skipped"
+    exit 1
+  fi
+  timeout 240 python3 bench/fp8_gemm_probe.py --epilogues-only --write "$table" \
+    --out "$OUT/fp8-gemm-probe.json" || echo "probe: exit $?"
   cp "$table" "$OUT/"
   E="--preset e4b --device cuda --dtype bf16"
   for run in norms-1 epilogues-1 gemms-1 norms-2 epilogues-2 gemms-2; do
     kernels="merged-triton-fp8-${run%-*}"
-    GEMMA4_ENCODER_FAST_KERNELS="$kernels" python3 -m gemma4_batched_encoder.bench $E \
+    GEMMA4_ENCODER_FAST_KERNELS="$kernels" timeout 150 python3 -m gemma4_batched_encoder.bench $E \
       --videos 1,16 --warmup 5 --repeats 30 --layout stacked --methods fast \
       --out "$OUT/bench-$run.json" >"/tmp/bench-$run.txt" 2>"/tmp/bench-$run.log" ||
       tail -n 5 "/tmp/bench-$run.log"
     grep -E "^ *(1|16) " "/tmp/bench-$run.txt" | sed "s/^/$run: /" || true
   done
   for kind in epilogues gemms; do
-    GEMMA4_ENCODER_FAST_KERNELS="merged-triton-fp8-$kind" python3 -m gemma4_batched_encoder.verify \
+    GEMMA4_ENCODER_FAST_KERNELS="merged-triton-fp8-$kind" timeout 150 python3 -m gemma4_batched_encoder.verify \
       $E --mode fast --videos 1,16 --images 4 --noise-floor >"$OUT/verify-$kind.json" \
       2>"/tmp/verify-$kind.log" || true # fast is never bitwise
     python3 -c "import json; d=json.load(open('$OUT/verify-$kind.json')); print('verify $kind', {x: d.get(x) for x in ('max_abs_diff', 'stock_vs_fp32', 'plugin_vs_fp32')})" ||
       tail -n 5 "/tmp/verify-$kind.log"
   done
-  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-gemms python3 bench/encoder_kernel_profile.py \
+  GEMMA4_ENCODER_FAST_KERNELS=merged-triton-fp8-gemms timeout 150 python3 bench/encoder_kernel_profile.py \
     --mode fast --videos 16 --out "$OUT/profile-gemms.json" >/dev/null 2>&1 ||
     echo "profile: exit $?"
   ;;
@@ -640,10 +649,20 @@ bg)
   echo "$name in the background (/tmp/bg-$name.log)"
   ;;
 collect)
-  name="${1:?name}"
-  while kill -0 "$(cat "/tmp/bg-$name.pid")" 2>/dev/null; do sleep 2; done
+  # Waits at most LIMIT_S (default 500, under a call's 600 s); a step still running then
+  # returns what it has written so far as NAME-partial.tgz (with its log) and keeps running,
+  # so a later `collect` gets the rest: a call that times out returns nothing.
+  name="${1:?name}" limit="${2:-500}"
+  deadline=$((SECONDS + limit))
+  while kill -0 "$(cat "/tmp/bg-$name.pid")" 2>/dev/null && ((SECONDS < deadline)); do sleep 2; done
   cat "/tmp/bg-$name.log"
-  cp "/tmp/bg-out/$name.tgz" "$OUT/"
+  if kill -0 "$(cat "/tmp/bg-$name.pid")" 2>/dev/null; then
+    cp "/tmp/bg-$name.log" "/tmp/packed-$name/bg.log"
+    tar -czf "$OUT/$name-partial.tgz" -C "/tmp/packed-$name" .
+    echo "$name still running after ${limit} s: $OUT/$name-partial.tgz holds its files so far"
+  else
+    cp "/tmp/bg-out/$name.tgz" "$OUT/"
+  fi
   ;;
 config)
   # One server configuration in one device call (~8 min: cold start ~3.7, TTFT gap + sweep ~3,
