@@ -220,6 +220,11 @@ VALUES = obj(
             obj({"name": string(minLength=1)}, required=["name"], addl=True),
         ),
         "replicaCount": integer("Replicas when autoscaling is off"),
+        "progressDeadlineSeconds": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "description": "Deployment progress deadline (s); null = startup budget + 600",
+        },
         "strategy": obj(
             {
                 "type": {"type": "string", "enum": ["RollingUpdate", "Recreate"]},

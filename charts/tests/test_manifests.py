@@ -177,6 +177,20 @@ def test_probes():
     assert container["livenessProbe"]["failureThreshold"] >= 3
 
 
+def test_progress_deadline_covers_the_startup_budget():
+    """Kubernetes' default progressDeadlineSeconds (600 s) would mark a normal first start (up to
+    the startup probe's budget) as ProgressDeadlineExceeded; the chart derives it instead."""
+    for sets in ((), ("probes.startup.failureThreshold=360",)):
+        dep = one(render("default", sets=sets), "Deployment")
+        startup = deployment_container([dep])["startupProbe"]
+        budget = (
+            startup["initialDelaySeconds"] + startup["periodSeconds"] * startup["failureThreshold"]
+        )
+        assert dep["spec"]["progressDeadlineSeconds"] == budget + 600
+    dep = one(render("default", sets=("progressDeadlineSeconds=7200",)), "Deployment")
+    assert dep["spec"]["progressDeadlineSeconds"] == 7200
+
+
 def test_warmup_gates_startup_and_can_be_turned_off():
     """server.warmup: the entrypoint's warm-up env, and the startup probe waits for its done
     file on the /tmp emptyDir; off, the startup probe is /health and nothing is set."""

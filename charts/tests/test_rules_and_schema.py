@@ -222,13 +222,25 @@ CROSS_FIELD = [
         ("ingress.enabled=true", "networkPolicy.enabled=true"),
         "add the ingress controller's namespace to networkPolicy.ingressFrom",
     ),
+    (
+        ("progressDeadlineSeconds=600",),
+        "progressDeadlineSeconds (600) is shorter than the startup probe's budget (1830 s",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("sets", "message"),
     CROSS_FIELD,
-    ids=["replicas", "pdb", "claim", "volume-name", "mount-volume", "ingress-netpol"],
+    ids=[
+        "replicas",
+        "pdb",
+        "claim",
+        "volume-name",
+        "mount-volume",
+        "ingress-netpol",
+        "progress-deadline",
+    ],
 )
 def test_cross_field_checks(sets, message):
     args = [a for s in sets for a in ("--set", s)]

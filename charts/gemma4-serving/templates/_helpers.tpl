@@ -117,6 +117,27 @@ files next to them have `rule_files:`/`tests:` instead and are skipped). Returns
 {{- printf "http://%s.%s.svc:%d" (include "gemma4-serving.fullname" .) .Release.Namespace (int .Values.service.port) }}
 {{- end }}
 
+{{/* Seconds the startup probe allows a first start (download, load, compile, warm-up):
+initialDelaySeconds + periodSeconds x failureThreshold. */}}
+{{- define "gemma4-serving.startupBudgetSeconds" -}}
+{{- $p := .Values.probes.startup }}
+{{- add (int $p.initialDelaySeconds) (mul (int $p.periodSeconds) (int $p.failureThreshold)) }}
+{{- end }}
+
+{{/* The Deployment's progressDeadlineSeconds: the value, or the startup budget plus 600 s for
+scheduling, image pull, init containers and the first readiness probes (Kubernetes' default of
+600 s would mark a normal first start as failed long before the startup probe gives up). */}}
+{{- define "gemma4-serving.progressDeadlineSeconds" -}}
+{{- $budget := int (include "gemma4-serving.startupBudgetSeconds" .) }}
+{{- if kindIs "invalid" .Values.progressDeadlineSeconds }}
+{{- add $budget 600 }}
+{{- else if lt (int .Values.progressDeadlineSeconds) $budget }}
+{{- fail (printf "progressDeadlineSeconds (%d) is shorter than the startup probe's budget (%d s = probes.startup initialDelaySeconds + periodSeconds x failureThreshold): every slow first start would be reported as a failed rollout; raise it or leave it null" (int .Values.progressDeadlineSeconds) $budget) }}
+{{- else }}
+{{- int .Values.progressDeadlineSeconds }}
+{{- end }}
+{{- end }}
+
 {{/* The warm-up's done file: on the /tmp emptyDir (the entrypoint removes a stale one at start). */}}
 {{- define "gemma4-serving.warmupDoneFile" -}}
 /tmp/gemma4-warmup-done
