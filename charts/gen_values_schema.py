@@ -230,7 +230,7 @@ VALUES = obj(
                 "type": {"type": "string", "enum": ["RollingUpdate", "Recreate"]},
                 "rollingUpdate": free(),
             },
-            required=["type"],
+            desc="{} = Recreate with a created ReadWriteOnce model cache, RollingUpdate else",
         ),
         "resources": ref("resources"),
         "nodeSelector": strmap(),
@@ -280,6 +280,9 @@ VALUES = obj(
                 )
                 | {"minItems": 1},
                 "keep": boolean(),
+                "podsOnOneNode": boolean(
+                    "All pods pinned to one node, so a created ReadWriteOnce claim may serve several"
+                ),
                 "mountPath": string(pattern="^/"),
             },
             required=["enabled", "mountPath"],

@@ -229,6 +229,78 @@ def test_volumes_shm_metrics_and_cache():
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
+ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+@pytest.mark.parametrize(
+    ("sets", "strategy"),
+    [
+        ((), {"type": "Recreate"}),  # created ReadWriteOnce claim: no surge pod on another node
+        (("modelCache.accessModes={ReadWriteOncePod}",), {"type": "Recreate"}),
+        (("modelCache.accessModes={ReadWriteMany}",), ROLLING),
+        (("modelCache.existingClaim=weights",), ROLLING),
+        (("modelCache.enabled=false",), ROLLING),
+        (("replicaCount=2", "modelCache.podsOnOneNode=true"), ROLLING),
+        (
+            ("strategy.type=Recreate", "modelCache.accessModes={ReadWriteMany}"),
+            {"type": "Recreate"},
+        ),
+    ],
+)
+def test_strategy_follows_the_model_cache(sets, strategy):
+    assert one(render("default", sets=sets), "Deployment")["spec"]["strategy"] == strategy
+
+
+@pytest.mark.parametrize(
+    ("sets", "mode", "why"),
+    [
+        (("replicaCount=3",), "ReadWriteOnce", "replicaCount is 3"),
+        (
+            ("autoscaling.enabled=true", "autoscaling.keda.serverAddress=http://p:9090"),
+            "ReadWriteOnce",
+            "autoscaling may run up to 4 replicas",
+        ),
+        (
+            (
+                "replicaCount=2",
+                "modelCache.podsOnOneNode=true",  # not enough: ReadWriteOncePod is one pod
+                "modelCache.accessModes={ReadWriteOncePod}",
+            ),
+            "ReadWriteOncePod",
+            "replicaCount is 2",
+        ),
+    ],
+)
+def test_read_write_once_cache_with_several_pods_is_refused(sets, mode, why):
+    """A created ReadWriteOnce claim attaches to one node: a second pod elsewhere hangs on
+    Multi-Attach, so the render fails and says what to do instead."""
+    args = [a for s in sets for a in ("--set", s)]
+    proc = helm("template", RELEASE, str(CHART), *args, check=False)
+    assert proc.returncode != 0
+    assert f"the chart creates a {mode} claim" in proc.stderr, proc.stderr
+    assert why in proc.stderr and "modelCache.accessModes=[ReadWriteMany]" in proc.stderr
+    if mode == "ReadWriteOnce":  # shared storage, or all pods declared on one node: accepted
+        helm("template", RELEASE, str(CHART), *args, "--set", "modelCache.podsOnOneNode=true")
+        helm(
+            "template",
+            RELEASE,
+            str(CHART),
+            *args,
+            "--set",
+            "modelCache.accessModes={ReadWriteMany}",
+        )
+
+
+def test_notes_warn_about_read_write_once_surges():
+    from chartlib import install_dry_run
+
+    notes = install_dry_run("strategy.type=RollingUpdate")["info"]["notes"]
+    assert "WARNING: strategy RollingUpdate with a ReadWriteOnce model-cache claim" in notes
+    notes = install_dry_run("replicaCount=2", "modelCache.podsOnOneNode=true")["info"]["notes"]
+    assert "must land on the node that holds it" in notes
+    assert "Multi-Attach" not in install_dry_run()["info"]["notes"]
+
+
 def test_existing_claim_and_emptydir_cache():
     docs = render(sets=("modelCache.existingClaim=weights",))
     spec = pod_spec(one(docs, "Deployment"))

@@ -138,6 +138,31 @@ scheduling, image pull, init containers and the first readiness probes (Kubernet
 {{- end }}
 {{- end }}
 
+{{/* "true" when the chart creates a model-cache claim that only one node can attach
+(ReadWriteOnce / ReadWriteOncePod without ReadWriteMany) and the pods are not declared to share
+a node (modelCache.podsOnOneNode; never enough for ReadWriteOncePod). */}}
+{{- define "gemma4-serving.modelCacheSingleAttach" -}}
+{{- $c := .Values.modelCache }}
+{{- if and $c.enabled (not $c.existingClaim) (not (has "ReadWriteMany" $c.accessModes)) }}
+{{- if or (has "ReadWriteOncePod" $c.accessModes) (not $c.podsOnOneNode) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The Deployment strategy: the value when set; otherwise Recreate where a surge pod could not
+attach the model cache, RollingUpdate (one pod at a time, never below the replica count) else. */}}
+{{- define "gemma4-serving.strategy" -}}
+{{- if .Values.strategy }}
+{{- toYaml .Values.strategy }}
+{{- else if include "gemma4-serving.modelCacheSingleAttach" . }}
+type: Recreate
+{{- else }}
+type: RollingUpdate
+rollingUpdate:
+  maxSurge: 1
+  maxUnavailable: 0
+{{- end }}
+{{- end }}
+
 {{/* The warm-up's done file: on the /tmp emptyDir (the entrypoint removes a stale one at start). */}}
 {{- define "gemma4-serving.warmupDoneFile" -}}
 /tmp/gemma4-warmup-done
