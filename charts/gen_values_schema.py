@@ -449,20 +449,32 @@ VALUES = obj(
                 "kind": {"type": "string", "enum": ["hpa", "keda"], "description": "hpa | keda"},
                 "minReplicas": integer(minimum=1),
                 "maxReplicas": integer(minimum=1),
+                "targetPerPod": RATIO
+                | {
+                    "description": "Per-pod capacity in the load signal's unit (in-flight requests)"
+                },
                 "behavior": free("HPA behavior"),
                 "keda": obj(
                     {
                         "serverAddress": string(
                             "Prometheus URL KEDA queries", pattern="^(https?://.+)?$"
                         ),
-                        "query": string("Whole PromQL query (tpl-rendered)", minLength=1),
-                        "threshold": RATIO,
+                        "query": string(
+                            "Load query, the release's total (tpl-rendered)", minLength=1
+                        ),
                         "activationThreshold": RATIO,
-                        "metricType": {"type": "string", "enum": ["Value", "AverageValue"]},
                         "pollingInterval": integer(minimum=1),
                         "cooldownPeriod": integer(),
                         "authenticationRef": string(),
                         "extraMetadata": strmap(),
+                        "sloTrigger": obj(
+                            {
+                                "enabled": boolean("Extra scale-up trigger on the SLO ratio"),
+                                "query": string("SLO-violation share (tpl-rendered)", minLength=1),
+                                "threshold": RATIO,
+                            },
+                            required=["enabled"],
+                        ),
                     }
                 ),
                 "hpa": obj(
@@ -470,7 +482,6 @@ VALUES = obj(
                         "metricType": {"type": "string", "enum": ["External", "Pods"]},
                         "metricName": string(minLength=1),
                         "selector": free(),
-                        "target": ref("quantity"),
                     }
                 ),
             },

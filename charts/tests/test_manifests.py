@@ -450,52 +450,81 @@ def test_scrape_annotations_without_operator():
     assert "annotations" not in one(none, "Service")["metadata"]
 
 
-def test_keda_scaledobject_uses_the_slo_query():
+def test_keda_scaledobject_scales_on_load_per_pod():
     docs = render("autoscaling-multi-replica")
     so = one(docs, "ScaledObject")
     assert not by_kind(docs, "HorizontalPodAutoscaler")
     dep = one(docs, "Deployment")
     assert "replicas" not in dep["spec"]
     assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 8)
-    (trigger,) = so["spec"]["triggers"]
+    (trigger,) = so["spec"]["triggers"]  # the SLO trigger is opt-in
     assert trigger["type"] == "prometheus"
-    assert trigger["metricType"] == "Value"
+    # AverageValue: desired = ceil(total / target), independent of the current replica count
+    assert trigger["metricType"] == "AverageValue"
     meta = trigger["metadata"]
     assert meta["serverAddress"] == "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
-    assert meta["threshold"] == "0.05"
+    assert meta["threshold"] == "6"
     query = meta["query"]
     sel = f'namespace="{NAMESPACE}",service="{FULLNAME}"'
-    assert f'gemma4_request_e2e_latency_seconds_bucket{{le="0.3",{sel}}}' in query
-    assert f"gemma4_request_e2e_latency_seconds_count{{{sel}}}" in query
-    assert "{{" not in query and "waiting" not in query  # templated; SLO signal, not queue depth
+    assert f"vllm:num_requests_running{{{sel}}}" in query
+    assert f"vllm:num_requests_waiting{{{sel}}}" in query
+    assert "{{" not in query and "gemma4_request_e2e" not in query  # load, not the SLO ratio
     assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
 
 
-def test_keda_query_is_a_value():
-    query = (
-        'histogram_quantile(0.95, sum by (le) (rate(x_bucket{ns="{{ .Release.Namespace }}"}[1m])))'
+def test_keda_slo_trigger_is_an_extra_opt_in_trigger():
+    sets = ("autoscaling.keda.sloTrigger.enabled=true", "autoscaling.targetPerPod=4.5")
+    so = one(render("autoscaling-multi-replica", sets=sets), "ScaledObject")
+    load, slo = so["spec"]["triggers"]
+    assert (load["name"], load["metricType"], load["metadata"]["threshold"]) == (
+        "load",
+        "AverageValue",
+        "4.5",
     )
-    values = yaml.safe_dump({"autoscaling": {"keda": {"query": query, "threshold": "0.25"}}})
+    assert (slo["name"], slo["metricType"], slo["metadata"]["threshold"]) == (
+        "slo",
+        "Value",
+        "0.05",
+    )
+    sel = f'namespace="{NAMESPACE}",service="{FULLNAME}"'
+    assert (
+        f'gemma4_request_e2e_latency_seconds_bucket{{le="0.3",{sel}}}' in slo["metadata"]["query"]
+    )
+    assert slo["metadata"]["serverAddress"] == load["metadata"]["serverAddress"]
+
+
+def test_keda_query_is_a_template():
+    query = 'sum(rate(x_count{ns="{{ .Release.Namespace }}"}[1m]))'
+    values = yaml.safe_dump({"autoscaling": {"keda": {"query": query}, "targetPerPod": "25"}})
     docs = render("autoscaling-multi-replica", values=values)
     meta = one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]
     assert meta["query"] == query.replace("{{ .Release.Namespace }}", NAMESPACE)
-    assert meta["threshold"] == "0.25"
+    assert meta["threshold"] == "25"
 
 
-def test_hpa_on_external_slo_metric():
+def test_old_slo_threshold_keys_are_rejected():
+    """The ratio's threshold/metricType/target are gone: a left-over value fails loudly instead
+    of becoming a per-pod in-flight target of 0.05."""
+    for key in ("autoscaling.keda.threshold=0.05", "autoscaling.hpa.target=50m"):
+        proc = helm("template", RELEASE, str(CHART), "--set", key, check=False)
+        assert proc.returncode != 0 and "additional properties" in proc.stderr, proc.stderr
+
+
+def test_hpa_on_external_load_metric():
     docs = render("no-prometheus-operator")
     hpa = one(docs, "HorizontalPodAutoscaler")
     assert not by_kind(docs, "ScaledObject")
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "External"
     assert metric["external"]["metric"] == {
-        "name": "gemma4_e2e_slo_violation_ratio",
+        "name": "gemma4_inflight_requests",
         "selector": {"matchLabels": {"namespace": NAMESPACE, "service": FULLNAME}},
     }
-    assert metric["external"]["target"] == {"type": "Value", "value": "50m"}
+    # the total divided by the replica count, not a Value compared as is
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "6"}
     pods = render("no-prometheus-operator", sets=("autoscaling.hpa.metricType=Pods",))
     (metric,) = one(pods, "HorizontalPodAutoscaler")["spec"]["metrics"]
-    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "50m"}
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "6"}
 
 
 def test_pdb_and_network_policy():
