@@ -405,6 +405,30 @@ def test_user_labels_never_enter_selectors():
     assert one(docs, "Service")["spec"]["selector"] == SELECTOR
 
 
+def test_chart_version_and_common_labels_leave_the_pod_template_alone(tmp_path):
+    """A chart or app version bump, or new commonLabels, must not roll every GPU pod: the pod
+    template carries only the selector labels, the component and podLabels."""
+    import shutil
+
+    chart = tmp_path / "gemma4-serving"
+    shutil.copytree(CHART, chart)  # files/dashboards copied, not linked
+    meta = (chart / "Chart.yaml").read_text()
+    (chart / "Chart.yaml").write_text(
+        meta.replace("version: 0.1.0", "version: 9.9.9").replace(
+            'appVersion: "0.1.0"', 'appVersion: "0.1.0-rc1"'
+        )
+    )
+    sets = ("image.tag=0.1.0",)  # the image is pinned, as a real upgrade of the chart alone
+    before = one(render("default", sets=sets), "Deployment")
+    after = one(
+        render("default", sets=(*sets, "commonLabels.team=vision"), chart=chart), "Deployment"
+    )
+    assert after["metadata"]["labels"]["helm.sh/chart"] == "gemma4-serving-9.9.9"
+    assert after["metadata"]["labels"]["team"] == "vision"
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert before["spec"]["template"]["metadata"]["labels"] == SELECTOR
+
+
 def test_helpers_are_prefixed_with_the_chart_name():
     from chartlib import CHART
 
