@@ -331,3 +331,15 @@ def test_start_dry_run_prints_manifest(flag: str) -> None:
     r = CliRunner().invoke(cli, ["k8s", "start", "--release", "g4", "--image", "i", flag])
     assert r.exit_code == 0
     assert json.loads(r.output)["kind"] == "Job"
+
+
+def test_start_health_wait_becomes_the_scripts_bound() -> None:
+    base = ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run"]
+    r = CliRunner().invoke(cli, [*base, "--health-wait", "60"])
+    assert r.exit_code == 0, r.output
+    (c,) = json.loads(r.output)["spec"]["template"]["spec"]["containers"]
+    assert {"name": "HEALTH_WAIT_SECONDS", "value": "60"} in c["env"]
+    assert "HEALTH_WAIT_SECONDS" in c["command"][2]
+    r = CliRunner().invoke(cli, base)  # unset: the script's default applies
+    (c,) = json.loads(r.output)["spec"]["template"]["spec"]["containers"]
+    assert "HEALTH_WAIT_SECONDS" not in {e["name"] for e in c["env"]}

@@ -74,18 +74,44 @@ template:
           - -c
           - |
             set -u
-            echo "slo-loadtest job: waiting for $SLO_LOADTEST_TARGET/health"
+            # sh is PID 1 in the pod: the kernel drops every signal PID 1 has no handler for, so SIGTERM
+            # (activeDeadlineSeconds, kubectl delete) reaches slo-loadtest only through these traps.
+            trap 'exit 143' TERM INT
+            wait_s="${HEALTH_WAIT_SECONDS:-900}"
+            echo "slo-loadtest job: waiting up to ${wait_s}s for $SLO_LOADTEST_TARGET/health"
+            start=$(date +%s)
             until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=5)' "$SLO_LOADTEST_TARGET" 2>/dev/null; do
+              if [ $(($(date +%s) - start)) -ge "$wait_s" ]; then
+                # a wrong target must not burn the whole deadline: the sweep's preflight reports it (exit 3)
+                echo "slo-loadtest job: no answer from $SLO_LOADTEST_TARGET/health after ${wait_s}s; running the sweep anyway"
+                break
+              fi
               sleep 5
             done
             mkdir -p "$SLO_LOADTEST_OUT"
             rm -f "$SLO_LOADTEST_OUT/.done"
-            slo-loadtest run --target "$SLO_LOADTEST_TARGET" --out "$SLO_LOADTEST_OUT" "$@"
+            term=0
+            slo-loadtest run --target "$SLO_LOADTEST_TARGET" --out "$SLO_LOADTEST_OUT" "$@" &
+            pid=$!
+            trap 'term=1; kill -TERM "$pid" 2>/dev/null' TERM INT
+            wait "$pid"
             rc=$?
+            # a trapped signal ends `wait` early: wait on until slo-loadtest has written its partial report
+            while kill -0 "$pid" 2>/dev/null; do
+              wait "$pid"
+              rc=$?
+            done
             echo "$rc" > "$SLO_LOADTEST_OUT/exit_code"
             touch "$SLO_LOADTEST_OUT/.done"
+            if [ "$term" = 1 ]; then
+              echo "slo-loadtest job: results ready in $SLO_LOADTEST_OUT (exit code $rc); terminated, not keeping them"
+              exit "$rc"
+            fi
             echo "slo-loadtest job: results ready in $SLO_LOADTEST_OUT (exit code $rc); keeping them for ${KEEP_RESULTS_SECONDS}s"
-            sleep "$KEEP_RESULTS_SECONDS"
+            sleep "$KEEP_RESULTS_SECONDS" &
+            spid=$!
+            trap 'kill "$spid" 2>/dev/null; exit "$rc"' TERM INT
+            wait "$spid"
             exit "$rc"
           - slo-loadtest-job
         {{- with $mode.args }}

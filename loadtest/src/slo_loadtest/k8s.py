@@ -3,9 +3,11 @@
 ``loadtest_job()`` is the one place the Job is defined. It mirrors the chart's load-test Job
 (charts/gemma4-serving/templates/_loadtest.tpl, contract in charts/gemma4-serving/README.md):
 same container name (``loadtest``), labels (``app.kubernetes.io/component: loadtest``), command
-script (wait for ``$SLO_LOADTEST_TARGET/health``, ``slo-loadtest run --target ... --out /results
-"$@"``, write ``/results/exit_code`` and ``/results/.done``, log "results ready", keep the pod up
-``KEEP_RESULTS_SECONDS``), security context and ``SLO_LOADTEST_*`` environment.
+script (wait at most ``HEALTH_WAIT_SECONDS`` for ``$SLO_LOADTEST_TARGET/health``, ``slo-loadtest
+run --target ... --out /results "$@"`` in the background with SIGTERM forwarded, write
+``/results/exit_code`` and ``/results/.done``, log "results ready", keep the pod up
+``KEEP_RESULTS_SECONDS`` unless terminated), security context and ``SLO_LOADTEST_*``
+environment.
 
 Where the Job leaves its results: under ``/results`` in the pod (an emptyDir, or the chart's
 results claim), and — because ``slo-loadtest run`` prints its summary JSON between markers when it
@@ -32,18 +34,44 @@ READY_LINE = "slo-loadtest job: results ready in"
 
 JOB_SCRIPT = """\
 set -u
-echo "slo-loadtest job: waiting for $SLO_LOADTEST_TARGET/health"
+# sh is PID 1 in the pod: the kernel drops every signal PID 1 has no handler for, so SIGTERM
+# (activeDeadlineSeconds, kubectl delete) reaches slo-loadtest only through these traps.
+trap 'exit 143' TERM INT
+wait_s="${HEALTH_WAIT_SECONDS:-900}"
+echo "slo-loadtest job: waiting up to ${wait_s}s for $SLO_LOADTEST_TARGET/health"
+start=$(date +%s)
 until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=5)' "$SLO_LOADTEST_TARGET" 2>/dev/null; do
+  if [ $(($(date +%s) - start)) -ge "$wait_s" ]; then
+    # a wrong target must not burn the whole deadline: the sweep's preflight reports it (exit 3)
+    echo "slo-loadtest job: no answer from $SLO_LOADTEST_TARGET/health after ${wait_s}s; running the sweep anyway"
+    break
+  fi
   sleep 5
 done
 mkdir -p "$SLO_LOADTEST_OUT"
 rm -f "$SLO_LOADTEST_OUT/.done"
-slo-loadtest run --target "$SLO_LOADTEST_TARGET" --out "$SLO_LOADTEST_OUT" "$@"
+term=0
+slo-loadtest run --target "$SLO_LOADTEST_TARGET" --out "$SLO_LOADTEST_OUT" "$@" &
+pid=$!
+trap 'term=1; kill -TERM "$pid" 2>/dev/null' TERM INT
+wait "$pid"
 rc=$?
+# a trapped signal ends `wait` early: wait on until slo-loadtest has written its partial report
+while kill -0 "$pid" 2>/dev/null; do
+  wait "$pid"
+  rc=$?
+done
 echo "$rc" > "$SLO_LOADTEST_OUT/exit_code"
 touch "$SLO_LOADTEST_OUT/.done"
+if [ "$term" = 1 ]; then
+  echo "slo-loadtest job: results ready in $SLO_LOADTEST_OUT (exit code $rc); terminated, not keeping them"
+  exit "$rc"
+fi
 echo "slo-loadtest job: results ready in $SLO_LOADTEST_OUT (exit code $rc); keeping them for ${KEEP_RESULTS_SECONDS}s"
-sleep "$KEEP_RESULTS_SECONDS"
+sleep "$KEEP_RESULTS_SECONDS" &
+spid=$!
+trap 'kill "$spid" 2>/dev/null; exit "$rc"' TERM INT
+wait "$spid"
 exit "$rc"
 """  # noqa: E501 - the chart's script, line for line
 
@@ -73,6 +101,8 @@ class JobOptions:
     args: tuple[str, ...] = ()
     active_deadline_s: int = 3600
     keep_results_s: int = 900
+    # None: the script's default (900 s, long enough for a cold vLLM start)
+    health_wait_s: int | None = None
     ttl_s: int = 86400
     results_claim: str = ""
     api_key_secret: str = ""
@@ -98,6 +128,11 @@ def loadtest_job(o: JobOptions) -> dict[str, Any]:
         {"name": "SLO_LOADTEST_TARGET", "value": target},
         {"name": "SLO_LOADTEST_OUT", "value": "/results"},
         {"name": "KEEP_RESULTS_SECONDS", "value": str(o.keep_results_s)},
+        *(
+            [{"name": "HEALTH_WAIT_SECONDS", "value": str(o.health_wait_s)}]
+            if o.health_wait_s is not None
+            else []
+        ),
         {"name": "HOME", "value": "/tmp"},
         {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]

@@ -122,6 +122,13 @@ def k8s() -> None:
     show_default=True,
     help="Seconds the pod stays up after the sweep so /results can be copied.",
 )
+@click.option(
+    "--health-wait",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seconds the pod waits for the target's /health before it runs the sweep anyway (whose "
+    "preflight then reports an unreachable target, exit 3) [default: 900].",
+)
 @click.option("--results-claim", default="", help="PVC for /results (default: an emptyDir).")
 @click.option("--api-key-secret", default="", help="Secret holding the server's API key.")
 @click.option("--wait/--no-wait", default=False, help="Wait for the results, then fetch them.")
@@ -149,6 +156,7 @@ def start(
     args: tuple[str, ...],
     active_deadline: int,
     keep_results: int,
+    health_wait: int | None,
     results_claim: str,
     api_key_secret: str,
     wait: bool,
@@ -194,6 +202,7 @@ def start(
             args=args,
             active_deadline_s=active_deadline,
             keep_results_s=keep_results,
+            health_wait_s=health_wait,
             results_claim=results_claim,
             api_key_secret=api_key_secret,
         )
