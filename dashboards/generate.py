@@ -64,7 +64,11 @@ CONFIG: dict[str, Any] = {
         ("1d", "2h", 3, "warning", "1h"),
         ("3d", "6h", 1, "warning", "3h"),
     ],
-    "vllm_job_regex": ".*(vllm|gemma4).*",
+    # The scrape targets the target-health alerts watch, as label matchers. The plain rule files
+    # match on the job name; the Helm chart replaces this exact text with the release's
+    # namespace="...", service="..." (templates/prometheusrule.yaml), so fullnameOverride, the
+    # annotations mode's kubernetes-service-endpoints job and other teams' vLLM do not matter there.
+    "vllm_target_selector": 'job=~".*(vllm|gemma4).*"',
     "runbook_base_url": "https://github.com/gemma4-serving/gemma4-serving/blob/main/dashboards/runbooks.md",
     "waiting_queue_min": 5,
     # Media stages' share of wall time spent waiting for a CPU above which the pod is starved.
@@ -1171,7 +1175,7 @@ def slo_rules() -> dict[str, Any]:
 
 
 def serving_alerts() -> dict[str, Any]:
-    job = CONFIG["vllm_job_regex"]
+    targets = CONFIG["vllm_target_selector"]
     qmin = CONFIG["waiting_queue_min"]
     cpu_wait = CONFIG["media_cpu_wait_max"]
     media = MEDIA_WAIT_STAGES
@@ -1218,7 +1222,7 @@ def serving_alerts() -> dict[str, Any]:
         },
         {
             "alert": "Gemma4VllmTargetDown",
-            "expr": f'up{{job=~"{job}"}} == 0\n',
+            "expr": f"up{{{targets}}} == 0\n",
             "for": "5m",
             "labels": {"severity": "critical"},
             "annotations": {
@@ -1231,14 +1235,16 @@ def serving_alerts() -> dict[str, Any]:
         },
         {
             "alert": "Gemma4VllmTargetMissing",
-            "expr": f'absent(up{{job=~"{job}"}} == 1)\n',
+            "expr": f"absent(up{{{targets}}} == 1)\n",
             "for": "10m",
             "labels": {"severity": "critical"},
             "annotations": {
                 "summary": "No vLLM scrape target is up.",
-                "description": "No target of a job matching {job} has been up for 10 "
+                "description": "No scrape target matching {targets} has been up for 10 "
                 "minutes: no vLLM pods, or the ServiceMonitor/PrometheusRule selectors do not "
-                "match. SLO and encoder alerts cannot fire without data.".replace("{job}", job),
+                "match. SLO and encoder alerts cannot fire without data.".replace(
+                    "{targets}", targets
+                ),
                 "runbook_url": runbook("Gemma4VllmTargetMissing"),
             },
         },

@@ -4,6 +4,7 @@ readable message, and NOTES.txt tells commands that match the rendered labels.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -49,9 +50,27 @@ def test_dashboards_are_a_symlink_not_a_copy():
     assert not others, others
 
 
+def generated_target_selector() -> str:
+    """dashboards/generate.py's CONFIG["vllm_target_selector"] (what the chart replaces)."""
+    spec = importlib.util.spec_from_file_location("generate", RULES.parent / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CONFIG["vllm_target_selector"]
+
+
+def release_scoped(groups: list, namespace: str = NAMESPACE, service: str = FULLNAME) -> list:
+    """The rule files' groups as the chart ships them: the target-health alerts' generic
+    target matchers replaced by this release's namespace and service."""
+    generic = generated_target_selector()
+    text = json.dumps(groups).replace(
+        json.dumps(generic)[1:-1], json.dumps(f'namespace="{namespace}", service="{service}"')[1:-1]
+    )
+    return json.loads(text)
+
+
 def test_prometheus_rule_groups_equal_the_rule_files():
     pr = one(render("default", api="operator"), "PrometheusRule")
-    expected = [g for _, doc in rule_files() for g in doc["groups"]]
+    expected = release_scoped([g for _, doc in rule_files() for g in doc["groups"]])
     assert expected, "no rule files in dashboards/rules"
     assert pr["spec"]["groups"] == expected
     names = pr["metadata"]["annotations"]["gemma4-serving/rule-files"].split(",")
@@ -62,7 +81,7 @@ def test_runbook_url_points_every_alert_at_the_given_page():
     url = "https://wiki.example.com/ops/gemma4?space=sre&page=runbook"
     sets = (f"metrics.prometheusRule.runbookUrl={url}",)
     groups = one(render("default", api="operator", sets=sets), "PrometheusRule")["spec"]["groups"]
-    expected = [g for _, doc in rule_files() for g in doc["groups"]]
+    expected = release_scoped([g for _, doc in rule_files() for g in doc["groups"]])
     alerts = 0
     for got, want in zip(groups, expected, strict=True):
         for got_rule, want_rule in zip(got["rules"], want["rules"], strict=True):
@@ -82,6 +101,76 @@ def test_rendered_rules_pass_promtool(tmp_path):
     path = tmp_path / "rendered-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}, sort_keys=False))
     proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_target_alerts_watch_this_release_only(tmp_path):
+    """Gemma4VllmTargetDown/Missing in the PrometheusRule select the release's namespace and
+    Service, not a job-name pattern: with fullnameOverride (job = the Service name, matching no
+    pattern), in annotations mode (job kubernetes-service-endpoints) and beside another team's
+    vLLM they still fire for this release's targets and only for them (promtool, real engine)."""
+    promtool = require_tool(shutil.which("promtool"), "promtool")
+    pr = one(render("default", api="operator", sets=("fullnameOverride=g4",)), "PrometheusRule")
+    exprs = [r["expr"] for g in pr["spec"]["groups"] for r in g["rules"]]
+    assert not [e for e in exprs if generated_target_selector() in e]
+    sel = f'namespace="{NAMESPACE}", service="g4"'
+    assert f"up{{{sel}}} == 0\n" in exprs and f"absent(up{{{sel}}} == 1)\n" in exprs
+    rules = tmp_path / "rendered.yaml"
+    rules.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}, sort_keys=False))
+    ours = f'instance="10.0.0.1:8000", pod="g4-0", {sel}'
+    other_vllm = 'job="vllm", namespace="team-b", service="vllm", instance="10.0.1.1:8000"'
+
+    def case(series: list, alert: str, firing: list) -> dict:
+        return {
+            "interval": "1m",
+            "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [
+                {
+                    "alertname": alert,
+                    "eval_time": "20m",
+                    "exp_alerts": [{"exp_labels": {"severity": "critical", **x}} for x in firing],
+                }
+            ],
+        }
+
+    tests = [
+        # ServiceMonitor with fullnameOverride: job is the Service name "g4"
+        case([(f'up{{job="g4", {ours}}}', "0x30")], "Gemma4VllmTargetDown", [{"job": "g4"}]),
+        # annotations mode: the kubernetes-service-endpoints job, same namespace/service labels
+        case(
+            [(f'up{{job="kubernetes-service-endpoints", {ours}}}', "0x30")],
+            "Gemma4VllmTargetDown",
+            [{"job": "kubernetes-service-endpoints"}],
+        ),
+        # another team's vLLM down: not ours
+        case([(f"up{{{other_vllm}}}", "0x30")], "Gemma4VllmTargetDown", []),
+        # only another team's vLLM up: this release has no target, Missing fires
+        case([(f"up{{{other_vllm}}}", "1x30")], "Gemma4VllmTargetMissing", [{}]),
+        # ours up under a job name the old pattern never matched: not missing
+        case([(f'up{{job="g4", {ours}}}', "1x30")], "Gemma4VllmTargetMissing", []),
+    ]
+    annotations = {
+        r["alert"]: r["annotations"]
+        for g in pr["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    for t in tests:  # firing alerts carry the target's labels and the expanded annotations
+        test = t["alert_rule_test"][0]
+        for exp in test["exp_alerts"]:
+            if exp["exp_labels"].get("job"):
+                labels = t["input_series"][0]["series"].split("{", 1)[1].rstrip("}")
+                for kv in labels.split(", "):
+                    k, v = kv.split("=", 1)
+                    exp["exp_labels"][k] = v.strip('"')
+            labels = exp["exp_labels"]
+            exp["exp_annotations"] = {
+                k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m, x=labels: x[m[1]], v)
+                for k, v in annotations[test["alertname"]].items()
+            }
+    spec = tmp_path / "test.yaml"
+    spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "tests": tests}))
+    proc = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
