@@ -118,8 +118,10 @@ def test_serving_container_runs_the_blog_command(tmp_path):
     assert argv[-len(BLOG_FLAGS) - 2 : -2] == BLOG_FLAGS  # the blog's flags, exactly
     assert argv[-2:] == ["--api-server-count", "8"]
     argv = run(deployment_container(render("autoscaling-multi-replica")))
-    assert argv[-4:] == ["--api-server-count", "2", "--max-num-seqs", "64"]
-    assert argv[-10:-4] == BLOG_FLAGS  # defaults first, overrides after (later flags win)
+    extra = ["--served-model-name", "google/gemma-4-E4B-it", "--max-num-seqs", "64"]
+    assert argv[-6:] == ["--api-server-count", "2", *extra]
+    assert argv[-12:-6] == BLOG_FLAGS  # defaults first, overrides after (later flags win)
+    assert argv[:3] == ["serve", "--model", "/models/weights/gemma-4-E4B-it"]  # the synced copy
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

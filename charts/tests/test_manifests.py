@@ -107,7 +107,10 @@ def test_plugin_env_defaults_override_and_removal():
 
 def test_extra_args_and_api_server_count():
     container = deployment_container(render("autoscaling-multi-replica"))
-    assert container["args"] == ["--api-server-count", "2", "--max-num-seqs", "64"]
+    assert container["args"] == [
+        *("--api-server-count", "2"),
+        *("--served-model-name", "google/gemma-4-E4B-it", "--max-num-seqs", "64"),
+    ]
     one = deployment_container(render("default", sets=("server.apiServerCount=null",)))
     assert "args" not in one  # null: vLLM's own default
 
@@ -561,7 +564,7 @@ def test_pdb_and_network_policy():
         "podSelector": {"matchLabels": {**SELECTOR, "app.kubernetes.io/component": "loadtest"}}
     } in peers
     assert {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}
     } in peers
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert not by_kind(render("default"), "NetworkPolicy")  # opt-in
@@ -590,6 +593,32 @@ def test_extra_volumes_env_and_containers_pass_through():
         )
     )
     assert [c["name"] for c in sidecar["containers"]] == ["vllm", "log"]
+
+
+def test_complete_example_serves_the_synced_weights():
+    """ci/autoscaling-multi-replica: vLLM loads the directory the init container fills (offline),
+    not the Hub id, which would download the weights again into HF_HOME."""
+    spec = pod_spec(one(render("autoscaling-multi-replica"), "Deployment"))
+    (init,) = spec["initContainers"]
+    (vllm,) = spec["containers"]
+    env = env_of(vllm)
+    cache = next(m["mountPath"] for m in vllm["volumeMounts"] if m["name"] == "model-cache")
+    init_cache = next(m["mountPath"] for m in init["volumeMounts"] if m["name"] == "model-cache")
+    target = init["args"][-1].rstrip("/")
+    assert init_cache == cache and env["MODEL"]["value"] == target
+    assert not target.startswith(env["HF_HOME"]["value"])  # a plain directory, not the HF cache
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"
+    from chartlib import install_dry_run  # no Hub token needed for a local path: no warning
+
+    notes = install_dry_run(profile="autoscaling-multi-replica")["info"]["notes"]
+    assert "model.hfToken.existingSecret is empty" not in notes
+    # the Ingress's controller is the namespace the NetworkPolicy admits
+    docs = render("autoscaling-multi-replica")
+    assert one(docs, "Ingress")["spec"]["ingressClassName"] == "nginx"
+    peers = one(docs, "NetworkPolicy")["spec"]["ingress"][0]["from"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}
+    } in peers
 
 
 def test_ingress_routes_only_the_api_to_the_service():
