@@ -304,6 +304,27 @@ def test_notes_warn_about_read_write_once_surges():
     assert "Multi-Attach" not in install_dry_run()["info"]["notes"]
 
 
+@pytest.mark.parametrize(
+    ("sets", "warned"),
+    [
+        ((), True),  # 1 replica, maxUnavailable 1: the only pod may go
+        (("podDisruptionBudget.maxUnavailable=50%",), True),  # rounds up to 1
+        (("podDisruptionBudget.maxUnavailable=null", "podDisruptionBudget.minAvailable=0"), True),
+        (("podDisruptionBudget.maxUnavailable=null", "podDisruptionBudget.minAvailable=1"), False),
+        (("podDisruptionBudget.maxUnavailable=0",), False),
+        (("podDisruptionBudget.enabled=false",), False),
+        (("replicaCount=2", "modelCache.accessModes={ReadWriteMany}"), False),
+    ],
+)
+def test_notes_warn_when_the_pdb_lets_the_only_pod_go(sets, warned):
+    from chartlib import install_dry_run
+
+    notes = install_dry_run(*sets)["info"]["notes"]
+    assert ("lets a node drain or cluster upgrade evict\nthe only serving pod" in notes) == warned
+    if warned:
+        assert "replicaCount=2" in notes and "podDisruptionBudget.minAvailable=1" in notes
+
+
 def test_existing_claim_and_emptydir_cache():
     docs = render(sets=("modelCache.existingClaim=weights",))
     spec = pod_spec(one(docs, "Deployment"))

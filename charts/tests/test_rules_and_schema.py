@@ -413,4 +413,4 @@ def test_notes_warn_without_token_and_follow_metrics_mode():
     assert "metrics.mode=none" in notes
     notes = install_dry_run("metrics.mode=serviceMonitor", profile="default")["info"]["notes"]
     assert f"ServiceMonitor {NAMESPACE}/{FULLNAME}" in notes
-    assert "WARNING" not in notes
+    assert "WARNING: model.hfToken" not in notes
