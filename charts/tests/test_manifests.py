@@ -775,6 +775,21 @@ def test_dashboards_configmaps_from_files():
     assert not [c for c in by_kind(render("minimal"), "ConfigMap")]
 
 
+def test_documented_dashboard_prerequisites():
+    """The chart README's recipe for the load-test dashboard (a Pushgateway push) renders the
+    option slo-loadtest reads, and the grafana_folder annotation is documented with the Grafana
+    sidecar settings it needs next to its value."""
+    readme = (CHART / "README.md").read_text()
+    assert "loadtest.settings.pushgateway=" in readme and "honor_labels: true" in readme
+    job = loadtest_jobs(render("default", sets=("loadtest.settings.pushgateway=http://pg:9091",)))
+    env = env_of(pod_spec(job["test"])["containers"][0])
+    assert env["SLO_LOADTEST_PUSHGATEWAY"]["value"] == "http://pg:9091"
+    values = (CHART / "values.yaml").read_text()
+    folder_doc = values.split("dashboards:", 1)[1].split("folder:", 1)[0]
+    for needed in ("folderAnnotation: grafana_folder", "foldersFromFilesStructure: true"):
+        assert needed in folder_doc.replace("\n  # ", " ") and needed in readme
+
+
 def test_image_reference():
     assert deployment_container(render())["image"] == "gemma4-serving:0.1.0"
     digest = "sha256:" + "a" * 64
