@@ -194,6 +194,21 @@ def test_progress_deadline_covers_the_startup_budget():
     assert dep["spec"]["progressDeadlineSeconds"] == 7200
 
 
+def test_notes_and_readme_state_the_real_startup_budget_and_warmup():
+    from chartlib import install_dry_run
+
+    notes = install_dry_run()["info"]["notes"]
+    assert "up to\n   1830 s before the startup probe gives up" in notes  # 30 + 10 x 180
+    notes = install_dry_run("probes.startup.initialDelaySeconds=60")["info"]["notes"]
+    assert "1860 s before the startup probe gives up" in notes
+    args = env_of(deployment_container(render("default")))["GEMMA4_WARMUP_ARGS"]["value"].split()
+    videos = args[args.index("--bursts") + 1].split(",")
+    images = args[args.index("--image-bursts") + 1].split(",")
+    readme = " ".join((CHART / "README.md").read_text().split())
+    assert f"{', '.join(videos[:-1])} and {videos[-1]} videos at once" in readme
+    assert f"{', '.join(images[:-1])} and {images[-1]} images at once" in readme
+
+
 def test_warmup_gates_startup_and_can_be_turned_off():
     """server.warmup: the entrypoint's warm-up env, and the startup probe waits for its done
     file on the /tmp emptyDir; off, the startup probe is /health and nothing is set."""
