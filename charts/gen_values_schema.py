@@ -149,7 +149,15 @@ VALUES = obj(
         "fullnameOverride": string(pattern=NAME_PATTERN, maxLength=63),
         "commonLabels": strmap("Labels added to every object (never to selectors)"),
         "image": ref("image"),
-        "imagePullSecrets": array("Names of image pull Secrets", string(minLength=1)),
+        "imagePullSecrets": array(
+            "Image pull Secrets: names, or LocalObjectReference objects ({name: regcred})",
+            {
+                "oneOf": [
+                    string(pattern=SECRET_NAME_PATTERN, minLength=1),
+                    obj({"name": string(pattern=SECRET_NAME_PATTERN, minLength=1)}, ["name"]),
+                ]
+            },
+        ),
         "model": obj(
             {"name": string("Model id or path", minLength=1), "hfToken": ref("secretRef")},
             required=["name", "hfToken"],

@@ -20,6 +20,7 @@ from chartlib import (
     one,
     profile_file,
     render,
+    values_file,
 )
 
 import stack
@@ -803,6 +804,15 @@ def test_documented_dashboard_prerequisites():
     folder_doc = values.split("dashboards:", 1)[1].split("folder:", 1)[0]
     for needed in ("folderAnnotation: grafana_folder", "foldersFromFilesStructure: true"):
         assert needed in folder_doc.replace("\n  # ", " ") and needed in readme
+
+
+def test_image_pull_secrets_take_names_and_the_kubernetes_form():
+    values = "imagePullSecrets:\n  - regcred\n  - name: other-cred\n"
+    spec = pod_spec(one(render("default", values=values), "Deployment"))
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other-cred"}]
+    bad = values_file("imagePullSecrets:\n  - nme: x\n")
+    proc = helm("template", RELEASE, str(CHART), "-f", str(bad), check=False)
+    assert proc.returncode != 0 and "at '/imagePullSecrets/0'" in proc.stderr, proc.stderr
 
 
 def test_image_reference():
