@@ -75,6 +75,14 @@ app.kubernetes.io/part-of: gemma4-serving
 {{- end }}
 {{- end }}
 
+{{/* imagePullSecrets as LocalObjectReferences: each item a plain name or the Kubernetes form
+{name: regcred}. For every pod spec of the chart. */}}
+{{- define "gemma4-serving.imagePullSecrets" -}}
+{{- range .Values.imagePullSecrets }}
+- name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* "true" when the cluster serves the Prometheus Operator API (or when forced). */}}
 {{- define "gemma4-serving.hasPrometheusOperator" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
