@@ -20,6 +20,7 @@ from chartlib import (
     one,
     profile_file,
     render,
+    render_text,
     values_file,
 )
 
@@ -808,6 +809,8 @@ def test_documented_dashboard_prerequisites():
 
 def test_image_pull_secrets_take_names_and_the_kubernetes_form():
     values = "imagePullSecrets:\n  - regcred\n  - name: other-cred\n"
+    text = render_text("default", values=values)
+    assert "imagePullSecrets:\n        - name: regcred" in text  # no blank line in between
     spec = pod_spec(one(render("default", values=values), "Deployment"))
     assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other-cred"}]
     bad = values_file("imagePullSecrets:\n  - nme: x\n")
