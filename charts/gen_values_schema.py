@@ -289,7 +289,7 @@ VALUES = obj(
                 | {"minItems": 1},
                 "keep": boolean(),
                 "podsOnOneNode": boolean(
-                    "All pods pinned to one node, so a created ReadWriteOnce claim may serve several"
+                    "All pods pinned to one node: a created ReadWriteOnce claim may serve several"
                 ),
                 "mountPath": string(pattern="^/"),
             },
