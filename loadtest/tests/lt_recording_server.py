@@ -18,6 +18,7 @@ class RecordingServer:
         tokens: int = 10,
         delay_s: float = 0.0,
         special_tokens_only: bool = False,
+        reject_media: bool = False,
     ) -> None:
         """``special_tokens_only``: behave like vLLM serving a dummy-weight model that generates
         only ``<pad>``: the tokens are counted in ``usage`` but the streamed deltas are empty,
@@ -26,8 +27,13 @@ class RecordingServer:
         self.tokens = tokens
         self.delay_s = delay_s
         self.special_tokens_only = special_tokens_only
-        self.bodies: list[dict[str, Any]] = []
+        # answer a request with an image or video part 400, as vLLM does past
+        # --limit-mm-per-prompt (text requests still succeed)
+        self.reject_media = reject_media
+        self.bodies: list[dict[str, Any]] = []  # streamed requests: what guidellm sends
+        self.plain_bodies: list[dict[str, Any]] = []  # non-streamed (slo-loadtest's preflight)
         self.connection_headers: list[str | None] = []  # each POST's Connection header
+        self.authorization: list[str | None] = []  # each streamed POST's Authorization header
         self._lock = threading.Lock()
         server = self
 
@@ -56,11 +62,29 @@ class RecordingServer:
             def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
+                if not body.get("stream"):
+                    with server._lock:
+                        server.plain_bodies.append(body)
+                    self._json(
+                        200,
+                        {
+                            "id": "r",
+                            "object": "chat.completion",
+                            "model": server.model,
+                            "choices": [{"index": 0, "message": {"content": " t0"}}],
+                        },
+                    )
+                    return
                 with server._lock:
                     server.bodies.append(body)
                     server.connection_headers.append(self.headers.get("Connection"))
+                    server.authorization.append(self.headers.get("Authorization"))
                 if not self.path.endswith("/chat/completions"):
                     self._json(404, {"error": "not found"})
+                    return
+                if server.reject_media and _has_media(body):
+                    msg = "At most 0 video(s) may be provided in one prompt."
+                    self._json(400, {"error": {"message": msg, "code": 400}})
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -101,3 +125,13 @@ class RecordingServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _has_media(body: dict[str, Any]) -> bool:
+    for msg in body.get("messages") or []:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(part, dict) and part.get("type") != "text" for part in content
+        ):
+            return True
+    return False

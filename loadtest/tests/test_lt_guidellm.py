@@ -209,6 +209,8 @@ def test_extra_body_arrives_in_every_request(tmp_path: Path) -> None:
         proc = _run_cli(srv, out, "--extra-body", json.dumps(EXTRA))
     assert proc.returncode in (0, 1), proc.stderr
     assert srv.bodies, "guidellm sent nothing"
+    (probe,) = srv.plain_bodies  # the preflight request carries it too
+    assert {k: probe[k] for k in EXTRA} == EXTRA
     for body in srv.bodies:
         assert {k: body[k] for k in EXTRA} == EXTRA
         assert body["model"] == srv.model and body["stream"] is True
@@ -278,3 +280,19 @@ def test_connection_per_request_closes_every_connection(tmp_path: Path) -> None:
         assert scenario["spec"]["backend"].get("extras") == expected
         summary = json.loads((out / "summary.json").read_text())
         assert summary["config"]["connection_per_request"] is on
+
+
+def test_the_api_key_reaches_the_server_but_no_file(tmp_path: Path) -> None:
+    """The key authenticates every request (guidellm reads it from its environment), and no
+    file of the run (scenario, logs, reports, summary, data) contains it."""
+    key = "sk-test-9f3c1e77d2b04a8b"
+    out = tmp_path / "out"
+    with RecordingServer() as srv:
+        proc = _run_cli(srv, out, "--api-key", key)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert srv.authorization and set(srv.authorization) == {f"Bearer {key}"}
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "scenario.json" for p in files)
+    leaked = [str(p) for p in files if key.encode() in p.read_bytes()]
+    assert not leaked, leaked
+    assert key not in proc.stdout + proc.stderr

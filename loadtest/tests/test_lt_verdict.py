@@ -38,7 +38,7 @@ def test_a_good_rate_passes_and_each_rule_can_fail_it() -> None:
     cases = {
         "p95 latency 301 ms > SLO 300 ms": replace(GOOD, latency_p95_ms=301),
         "achieved 9.40 req/s < 95% of 10": replace(GOOD, achieved_rate=9.4),
-        "errors 4/304 >= 1%": replace(GOOD, errored=4),
+        "errors 4/304 > 1%": replace(GOOD, errored=4),
         "client fell behind": replace(GOOD, dispatch_delay_p95_ms=51),
         "6 incomplete requests > 4 allowed in flight": replace(GOOD, incomplete=6),
         "dataset ran out": replace(GOOD, stop_reason="max_duration,requests_exhausted"),
@@ -48,6 +48,18 @@ def test_a_good_rate_passes_and_each_rule_can_fail_it() -> None:
         ok, reasons = judge(m, C)
         assert not ok and any(why in r for r in reasons), (why, reasons)
     assert judge(replace(GOOD, errored=2), C)[0]  # 2/302 = 0.66 % < 1 %
+
+
+def test_max_error_ratio_is_a_maximum() -> None:
+    """0 means no errors allowed (not "every rate fails"); exactly the ratio passes."""
+    none = replace(C, max_error_ratio=0.0)
+    assert judge(GOOD, none) == (True, [])
+    ok, reasons = judge(replace(GOOD, errored=1), none)
+    assert not ok and reasons == ["errors 1/301 > 0%"]
+    # 3 errored of 300 requests is exactly 1 %: at the bound, so it passes
+    at_bound = replace(GOOD, successful=294, errored=3, incomplete=3)
+    assert judge(at_bound, replace(C, max_error_ratio=0.01)) == (True, [])
+    assert not judge(replace(at_bound, successful=293, errored=4), C)[0]
 
 
 def _r(rate: float, ok: bool, probe: bool = False) -> RateResult:

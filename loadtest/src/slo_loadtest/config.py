@@ -101,7 +101,9 @@ class SweepConfig:
     search_resolution: float = _f(1.0, "Stop bisecting when the bracket is this narrow (req/s).")
     slo_ms: float = _f(300.0, "SLO on p95 total request latency (ms).")
     min_achieved_ratio: float = _f(0.95, "A rate passes only if achieved/target >= this.")
-    max_error_ratio: float = _f(0.01, "A rate passes only if errored/all requests < this.")
+    max_error_ratio: float = _f(
+        0.01, "A rate passes only if errored/all requests <= this (0: no errors allowed)."
+    )
     max_dispatch_delay_ms: float = _f(
         50.0,
         "Client kept up: p95 of guidellm's request dispatch delay must be <= this (ms).",

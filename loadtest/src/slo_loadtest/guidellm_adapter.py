@@ -16,6 +16,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,8 +93,7 @@ def build_scenario(spec: StepSpec) -> dict[str, Any]:
         "timeout": spec.request_timeout_s,
         "timeout_connect": min(5.0, spec.request_timeout_s),
     }
-    if spec.api_key:
-        backend["api_key"] = spec.api_key
+    # no api_key here: the scenario is a file in the results; step_env passes the key
     extras: dict[str, Any] = {}
     if spec.extra_body:
         # guidellm 0.8.1 deep-merges extras.body into each request body after it has set model,
@@ -127,8 +127,16 @@ def _warmup(seconds: float) -> float | dict[str, Any]:
     return {"mode": "duration", "value": seconds} if seconds > 0 else 0
 
 
+# guidellm's BenchmarkScenario is a pydantic BaseSettings (prefix GUIDELLM__, nested "__"): it
+# fills spec.backend.api_key from this variable, so the key never has to be written to disk
+API_KEY_ENV = "GUIDELLM__SPEC__BACKEND__API_KEY"
+
+
 def step_env(spec: StepSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    env.pop(API_KEY_ENV, None)  # only --api-key authenticates, as it does the preflight
+    if spec.api_key:
+        env[API_KEY_ENV] = spec.api_key
     env.update(
         {
             "GUIDELLM__MAX_WORKER_PROCESSES": str(spec.max_workers),
@@ -261,6 +269,9 @@ class Measurement:
     latency_p95_ci_high_ms: float | None = None
     stop_reason: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    # "<count> x <error>" for the most common errors among the errored requests guidellm kept
+    # in its report (``requests.errored[].info.error``; at most --report-samples of them)
+    top_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -392,7 +403,28 @@ def _measurement(b: Mapping[str, Any], labels: dict[str, str]) -> Measurement:
         latency_p95_ci_high_ms=_pct_ci(m.get("request_latency"), "p95", "upper", 1000.0),
         stop_reason=_stop_reason(b),
         labels=labels,
+        top_errors=top_errors(b),
     )
+
+
+def _error_text(err: Any) -> str:
+    """One line of a guidellm request error: httpx's 'For more information check: <mdn url>'
+    tail and the request URL's line break dropped, so equal errors group together."""
+    # guidellm stores repr(exception): the line break may be a literal backslash-n
+    text = re.split(r"(?:\\n|\n)For more information", str(err), maxsplit=1)[0]
+    return " ".join(text.split())[:300]
+
+
+def top_errors(b: Mapping[str, Any], limit: int = 3) -> list[str]:
+    """The most common errors of a benchmark's sampled errored requests, most common first."""
+    counts: dict[str, int] = {}
+    for req in _get(b, "requests", "errored") or []:
+        err = _get(req, "info", "error")
+        if err:
+            text = _error_text(err)
+            counts[text] = counts.get(text, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
+    return [f"{n} x {text}" for text, n in ranked]
 
 
 def load_report(path: Path) -> Report:

@@ -73,7 +73,7 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     out.append(f"- target: `{target}`, model: `{model}`")
     out.append(
         f"- SLO: p95 total latency <= {c['slo_ms']:g} ms; achieved >= "
-        f"{c['min_achieved_ratio']:.0%} of target; errors < {c['max_error_ratio']:.0%}; "
+        f"{c['min_achieved_ratio']:.0%} of target; errors <= {c['max_error_ratio']:.0%}; "
         f"p95 dispatch delay <= {c['max_dispatch_delay_ms']:g} ms"
     )
     if summary.get("require_rate"):

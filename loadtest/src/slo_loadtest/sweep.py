@@ -47,17 +47,76 @@ def _request(url: str, api_key: str, timeout_s: float) -> Any:
         return json.loads(resp.read() or b"null")
 
 
-def resolve_model(target: str, api_key: str = "", timeout_s: float = 10.0) -> str:
-    """The first model the server lists at /v1/models; raises ConnectionError when it can't."""
-    url = target.rstrip("/").removesuffix("/v1") + "/v1/models"
+def served_models(target: str, api_key: str = "", timeout_s: float = 10.0) -> list[str]:
+    """The model names the server lists at /v1/models; raises ConnectionError when it can't."""
+    url = _base(target) + "/v1/models"
     try:
         data = _request(url, api_key, timeout_s)
+    except urllib.error.HTTPError as exc:
+        raise ConnectionError(f"{url}: HTTP {exc.code} {_error_body(exc)}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ConnectionError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
     models = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict)]
-    if not models or not models[0]:
+    models = [str(m) for m in models if m]
+    if not models:
         raise ConnectionError(f"{url} lists no models")
-    return str(models[0])
+    return models
+
+
+def resolve_model(target: str, api_key: str = "", timeout_s: float = 10.0) -> str:
+    """The first model the server lists at /v1/models; raises ConnectionError when it can't."""
+    return served_models(target, api_key, timeout_s)[0]
+
+
+def probe_request(
+    target: str,
+    model: str,
+    api_key: str = "",
+    extra_body: dict[str, Any] | None = None,
+    timeout_s: float = 60.0,
+) -> None:
+    """One real chat completion (one output token, the sweep's extra body), so a request every
+    rate would fail (auth, a refused body key, a broken server) is reported with the server's
+    own error before the sweep starts. Raises ConnectionError."""
+    body = {
+        **(extra_body or {}),
+        "model": model,
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    url = _base(target) + "/v1/chat/completions"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        raise ConnectionError(f"{url}: HTTP {exc.code} {_error_body(exc)}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ConnectionError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+
+
+def _base(target: str) -> str:
+    return target.rstrip("/").removesuffix("/v1")
+
+
+def _error_body(exc: urllib.error.HTTPError, limit: int = 300) -> str:
+    """The server's error message (vLLM: {"error": {"message": ...}}), else the raw body."""
+    try:
+        raw = exc.read().decode(errors="replace")
+    except OSError:
+        return str(exc.reason)
+    try:
+        data = json.loads(raw)
+        err = data.get("error", data) if isinstance(data, dict) else data
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raw = msg if isinstance(msg, str) else json.dumps(msg)
+    except ValueError:
+        pass
+    return " ".join(raw.split())[:limit] or str(exc.reason)
 
 
 def server_healthy(target: str, api_key: str = "", timeout_s: float = 5.0) -> bool:
@@ -108,15 +167,10 @@ class Sweep:
         if cfg.connection_per_request:
             self.log("a new connection for every request (Connection: close)")
         try:
-            if not self.model:
-                self.model = resolve_model(cfg.target, cfg.api_key)
-                self.log(f"model: {self.model} (from /v1/models)")
-            elif not server_healthy(cfg.target, cfg.api_key):
-                raise ConnectionError(f"{cfg.target} does not answer /health or /v1/models")
-        except ConnectionError as exc:
-            return self._abort_before_start(f"target unreachable: {exc}")
-
-        try:
+            try:
+                self._preflight()
+            except ConnectionError as exc:
+                return self._abort_before_start(str(exc))
             try:
                 self._writer = DatasetWriter(
                     cfg.effective_data_dir, cfg.shape, self.seed, cfg.tokenizer or None
@@ -130,6 +184,7 @@ class Sweep:
                     self._mark_not_run(workload)
                     return self._outcome(aborted)
         except KeyboardInterrupt:
+            # SIGTERM lands here too (cli._raise_interrupt), the preflight included
             workload, rate = self._current
             self._mark_not_run(workload)
             where = f"during {workload} {rate:g} req/s" if workload else "before the first rate"
@@ -141,6 +196,28 @@ class Sweep:
                 }
             )
         return self._outcome(None)
+
+    def _preflight(self) -> None:
+        """The server lists the model and answers one real request; raises ConnectionError."""
+        cfg = self.cfg
+        try:
+            models = served_models(cfg.target, cfg.api_key)
+        except ConnectionError as exc:
+            raise ConnectionError(f"target unreachable: {exc}") from None
+        if not self.model:
+            self.model = models[0]
+            self.log(f"model: {self.model} (from /v1/models)")
+        elif self.model not in models:
+            raise ConnectionError(
+                f"model {self.model!r} is not served by {cfg.target}; /v1/models lists: "
+                + ", ".join(models)
+            )
+        try:
+            probe_request(
+                cfg.target, self.model, cfg.api_key, cfg.extra_body, cfg.request_timeout_s
+            )
+        except ConnectionError as exc:
+            raise ConnectionError(f"preflight request failed: {exc}") from None
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -174,6 +251,8 @@ class Sweep:
                     "rate": rate,
                     "reason": f"server stopped answering at {workload} {rate:g} req/s: {r.message}",
                 }
+            if every_request_failed(r):
+                return self._all_failed(r)
         if self.cfg.search_beyond:
             return self._search(workload)
         return None
@@ -297,10 +376,24 @@ class Sweep:
                     "reason": f"server stopped answering at {workload} {rate:g} req/s "
                     f"(search): {r.message}",
                 }
+            if every_request_failed(r):
+                return self._all_failed(r)
         self.log(f"[{workload}] search beyond: highest passing {max(passed):g} req/s")
         return None
 
     # -- endings -----------------------------------------------------------------------------
+
+    def _all_failed(self, r: RateResult) -> dict[str, Any]:
+        m = r.measurement
+        assert m is not None
+        errors = "; ".join(m.top_errors) or "no error text in the guidellm report"
+        return {
+            "workload": r.workload,
+            "rate": r.target_rate,
+            "reason": f"every request failed at {r.workload} {r.target_rate:g} req/s "
+            f"({m.errored} errored, none successful), so the higher rates would say nothing "
+            f"about the server; most common errors: {errors}",
+        }
 
     def _mark_not_run(self, from_workload: str) -> None:
         done = {(r.workload, r.target_rate) for r in self.results}
@@ -334,6 +427,16 @@ class Sweep:
             aborted=aborted,
             timings=self.timings,
         )
+
+
+def every_request_failed(r: RateResult) -> bool:
+    """A rate with no successful request and errors other than timeouts: the requests
+    themselves are refused (wrong model, auth, a body the server rejects, a media limit), not
+    too many for the server. Timeouts alone are overload, which the verdict judges as a failure."""
+    m = r.measurement
+    if r.status != STATUS_OK or m is None or m.successful > 0 or m.errored == 0:
+        return False
+    return not m.top_errors or not all("Timeout" in e for e in m.top_errors)
 
 
 def _round_rate(r: float) -> float:

@@ -4,7 +4,7 @@ A rate passes when all of these hold:
 
 * p95 total request latency (client side, successful requests) <= the SLO (default 300 ms);
 * achieved rate >= 95 % of the target rate;
-* errored requests < 1 % of all requests;
+* errored requests <= 1 % of all requests (``--max-error-ratio``; 0: none allowed);
 * the client kept up: p95 of guidellm's request dispatch delay (how late a request left the
   client compared with its schedule) <= 50 ms. Above that the client, not the server, set the
   pace and the latencies are not those of the target rate (coordinated omission);
@@ -85,8 +85,12 @@ def judge(m: Measurement, c: Criteria) -> tuple[bool, list[str]]:
             f"achieved {m.achieved_rate:.2f} req/s < {c.min_achieved_ratio:.0%} of "
             f"{m.target_rate:g}"
         )
-    if total and m.errored / total >= c.max_error_ratio:
-        reasons.append(f"errors {m.errored}/{total} >= {c.max_error_ratio:.0%}")
+    # a *maximum*: exactly the ratio passes, so --max-error-ratio 0 means "no errors", not
+    # "every rate fails"
+    if total and m.errored / total > c.max_error_ratio:
+        # the error text says why (a refused body, auth, a media limit, timeouts)
+        top = f" (most common: {'; '.join(m.top_errors)})" if m.top_errors else ""
+        reasons.append(f"errors {m.errored}/{total} > {c.max_error_ratio:.0%}{top}")
     if m.dispatch_delay_p95_ms is not None and m.dispatch_delay_p95_ms > c.max_dispatch_delay_ms:
         reasons.append(
             f"client fell behind: p95 dispatch delay {m.dispatch_delay_p95_ms:.0f} ms > "
