@@ -18,7 +18,9 @@ from urllib.parse import parse_qs, urlparse
 
 
 class FakeKubeAPI:
-    def __init__(self) -> None:
+    def __init__(self, namespaces: set[str] | None = None) -> None:
+        """``namespaces``: the namespaces that exist (None: every one)."""
+        self.namespaces = namespaces
         self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.logs: dict[tuple[str, str], str] = {}
@@ -40,18 +42,21 @@ class FakeKubeAPI:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _not_found(self, what: str) -> None:
+            def _status(self, code: int, reason: str, message: str) -> None:
                 self._send(
-                    404,
+                    code,
                     {
                         "kind": "Status",
                         "apiVersion": "v1",
                         "status": "Failure",
-                        "reason": "NotFound",
-                        "code": 404,
-                        "message": f"{what} not found",
+                        "reason": reason,
+                        "code": code,
+                        "message": message,
                     },
                 )
+
+            def _not_found(self, what: str) -> None:
+                self._status(404, "NotFound", f"{what} not found")
 
             def do_POST(self) -> None:
                 u = urlparse(self.path)
@@ -60,8 +65,14 @@ class FakeKubeAPI:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 # /apis/batch/v1/namespaces/{ns}/jobs
                 if parts[:3] == ["apis", "batch", "v1"] and parts[5:] == ["jobs"]:
-                    ns = parts[4]
-                    self._send(201, api.create_job(ns, body))
+                    ns, name = parts[4], body["metadata"]["name"]
+                    # the API server's own messages for these two
+                    if api.namespaces is not None and ns not in api.namespaces:
+                        self._status(404, "NotFound", f'namespaces "{ns}" not found')
+                    elif (ns, name) in api.jobs:
+                        self._status(409, "AlreadyExists", f'jobs.batch "{name}" already exists')
+                    else:
+                        self._send(201, api.create_job(ns, body))
                 else:
                     self._not_found(u.path)
 

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -202,7 +203,7 @@ def test_start_status_logs_fetch_through_the_client(tmp_path: Path) -> None:
         r = runner.invoke(
             cli, [*base, "fetch", *conn, "--job", name, "--out", str(tmp_path / "early")]
         )
-        assert r.exit_code != 0 and "no summary" in r.output
+        assert r.exit_code == 3 and "no summary" in r.output
 
         # logs: follow the stream while the pod writes, until it ends
         def finish() -> None:
@@ -254,9 +255,9 @@ def test_missing_job_and_bad_flags() -> None:
         r = runner.invoke(
             cli, ["k8s", "status", "-n", NS, "--api-server", api.url, "--job", "nope"]
         )
-        assert r.exit_code == 1 and '"missing"' in r.output
+        assert r.exit_code == 2 and '"missing"' in r.output  # 1 means "the SLO failed"
         r = runner.invoke(cli, ["k8s", "status", "-n", NS, "--api-server", api.url])
-        assert r.exit_code != 0 and "no load-test Job" in r.output
+        assert r.exit_code == 2 and "no load-test Job" in r.output
         r = runner.invoke(
             cli,
             [
@@ -343,3 +344,33 @@ def test_start_health_wait_becomes_the_scripts_bound() -> None:
     r = CliRunner().invoke(cli, base)  # unset: the script's default applies
     (c,) = json.loads(r.output)["spec"]["template"]["spec"]["containers"]
     assert "HEALTH_WAIT_SECONDS" not in {e["name"] for e in c["env"]}
+
+
+def _one_error_line(r: Any, code: int, text: str) -> None:
+    """A clear 'Error: ...' line and the exit code, no traceback."""
+    assert r.exit_code == code, (r.exit_code, r.output, r.exception)
+    assert r.output.startswith("Error: ") and text in r.output, r.output
+    assert "Traceback" not in r.output and r.output.count("\n") == 1, r.output
+
+
+def test_client_errors_are_one_line_with_their_own_exit_code(tmp_path: Path) -> None:
+    """No kubeconfig and a refused request exit 2, an unreachable API server 3; never 1, which
+    means "the SLO failed"."""
+    import socket
+
+    start = ["k8s", "start", "--release", "g4", "--image", "i"]
+    runner = CliRunner(env={"KUBERNETES_SERVICE_HOST": None})
+    r = runner.invoke(cli, [*start, "--kubeconfig", str(tmp_path / "none")])
+    _one_error_line(r, 2, "no usable Kubernetes configuration")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    r = runner.invoke(cli, ["k8s", "status", "--api-server", f"http://127.0.0.1:{closed}"])
+    _one_error_line(r, 3, "cannot reach the Kubernetes API server")
+    with FakeKubeAPI(namespaces={NS}) as api:
+        r = runner.invoke(cli, [*start, "--api-server", api.url, "-n", "nope"])
+        _one_error_line(r, 2, "namespace 'nope' not found")
+        args = [*start, "--api-server", api.url, "-n", NS, "--name", "lt-1"]
+        assert runner.invoke(cli, args).exit_code == 0
+        r = runner.invoke(cli, args)
+        _one_error_line(r, 2, 'jobs.batch "lt-1" already exists')

@@ -4,7 +4,8 @@ in a cluster.
 Exit codes of ``run``, ``job`` and ``analyze``: 0 the verdict passed, 1 it failed (the required
 rate was not met; with no ``--require-rate``, some rate failed), 2 bad usage, 3 the sweep is
 incomplete (server unreachable or died, guidellm failed) and the report is partial. ``compare``:
-0, or 2 on bad input.
+0, or 2 on bad input. ``k8s``: 2 for no kubeconfig or a refused request, 3 for an unreachable
+API server or results not there yet (slo_loadtest.exit_codes).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import click
 
 from slo_loadtest import __version__, validation
 from slo_loadtest.config import Criteria, SweepConfig, env_var, field_default, field_help
-
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+from slo_loadtest.exit_codes import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, EXIT_USAGE
 
 # field -> flag (default: --field-name with a trailing _s dropped)
 FLAG_NAMES = {

@@ -20,6 +20,7 @@ summary and redraws the CSV, Markdown and plots locally. The raw guidellm report
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -360,5 +361,9 @@ def api_client(
     try:
         return kconfig.new_client_from_config(config_file=kubeconfig, context=context)
     except kconfig.ConfigException:
+        # in a pod, the service account; elsewhere the kubeconfig's error is the one that helps
+        # (the in-cluster one would only say "Service host/port is not set")
+        if kubeconfig or context or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise
         kconfig.load_incluster_config()
         return client.ApiClient()

@@ -10,6 +10,77 @@ from typing import Any
 import click
 
 from slo_loadtest.config import env_var
+from slo_loadtest.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE
+
+
+class K8sUsageError(click.ClickException):
+    """No usable kubeconfig, or the API server refused the request: one 'Error: ...' line."""
+
+    exit_code = EXIT_USAGE
+
+
+class K8sUnavailable(click.ClickException):
+    """The API server cannot be reached, or the results are not there (yet)."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+def _api_message(exc: Any) -> str:
+    """The message of a Kubernetes Status body, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body or "")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    except (TypeError, ValueError):
+        pass
+    return f"{exc.status} {exc.reason}"
+
+
+def _translate(exc: Exception, namespace: str) -> click.ClickException | None:
+    """A kubernetes/urllib3 exception as one clear line with its exit code (None: not ours)."""
+    from kubernetes.client import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if isinstance(exc, ConfigException):
+        return K8sUsageError(
+            f"no usable Kubernetes configuration ({exc}); give --kubeconfig/--context, set "
+            "KUBECONFIG, or talk to an API server directly with --api-server"
+        )
+    if isinstance(exc, Urllib3Error):  # MaxRetryError after connection refused, DNS, TLS, ...
+        return K8sUnavailable(
+            f"cannot reach the Kubernetes API server: {getattr(exc, 'reason', None) or exc}"
+        )
+    if isinstance(exc, ApiException):
+        msg = _api_message(exc)
+        if exc.status == 404 and f'namespaces "{namespace}" not found' in msg:
+            return K8sUsageError(f"namespace {namespace!r} not found")
+        if exc.status == 409:
+            return K8sUsageError(f"{msg} (namespace {namespace!r})")
+        if exc.status is not None and 400 <= exc.status < 500:
+            return K8sUsageError(f"the API server refused the request ({exc.status}): {msg}")
+        return K8sUnavailable(f"the API server failed ({exc.status}): {msg}")
+    return None
+
+
+class _K8sGroup(click.Group):
+    """Turns client exceptions of every subcommand into one 'Error: ...' line and an exit
+    code that cannot be mistaken for an SLO verdict (slo_loadtest.exit_codes)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            err = _translate(exc, str(ctx.meta.get(_NS_KEY, "")))
+            if err is None:
+                raise
+            raise err from None
+
+
+_NS_KEY = "slo_loadtest.k8s.namespace"  # set by _jobs() for the error messages
+
 
 _conn = [
     click.option(
@@ -55,6 +126,7 @@ def _jobs(
 ) -> Any:
     from slo_loadtest.k8s import LoadTestJobs, api_client
 
+    click.get_current_context().meta[_NS_KEY] = namespace
     return LoadTestJobs(api_client(kubeconfig, context, api_server, token), namespace)
 
 
@@ -64,7 +136,7 @@ def _name(jobs: Any, job: str | None, release: str) -> str:
     try:
         return str(jobs.latest(release))
     except LookupError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise K8sUsageError(str(exc)) from None
 
 
 def _kv(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -77,7 +149,7 @@ def _kv(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> 
     return out
 
 
-@click.group()
+@click.group(cls=_K8sGroup)
 def k8s() -> None:
     """Run the load test as a Kubernetes Job (the chart's load-test Job) and fetch its report."""
 
@@ -141,6 +213,12 @@ def k8s() -> None:
     default=None,
     help="With --wait: fetch into this directory.",
 )
+@click.option(
+    "--name",
+    "job_name",
+    default="",
+    help="Job name (default: <release>-...-loadtest-cli-<UTC time>).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the Job manifest (JSON) and exit.")
 def start(
     namespace: str,
@@ -162,6 +240,7 @@ def start(
     wait: bool,
     timeout: float,
     out: Path | None,
+    job_name: str,
     dry_run: bool,
 ) -> None:
     """Create the load-test Job."""
@@ -203,6 +282,7 @@ def start(
             active_deadline_s=active_deadline,
             keep_results_s=keep_results,
             health_wait_s=health_wait,
+            name=job_name,
             results_claim=results_claim,
             api_key_secret=api_key_secret,
         )
@@ -221,7 +301,7 @@ def _wait_and_fetch(jobs: Any, name: str, timeout: float, out: Path) -> int:
     s = jobs.wait(name, timeout, on_change=lambda s: click.echo(f"job/{name}: {s.phase}", err=True))
     if s.phase not in ("results-ready", "succeeded", "failed"):
         click.echo(f"job/{name}: still {s.phase} after {timeout:.0f} s", err=True)
-        return 3
+        return EXIT_INCOMPLETE
     return _fetch(jobs, name, out)
 
 
@@ -255,7 +335,7 @@ def status(
         )
     )
     if s.phase == "missing":
-        sys.exit(1)
+        sys.exit(EXIT_USAGE)  # not 1: that is "the SLO failed"
 
 
 @k8s.command()
@@ -286,7 +366,7 @@ def logs(
         for chunk in jobs.stream_log(name, wait_s=wait_pod):
             click.echo(chunk, nl=False)
     except TimeoutError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise K8sUnavailable(str(exc)) from None
 
 
 @k8s.command()
@@ -332,10 +412,10 @@ def _fetch(jobs: Any, name: str, out: Path) -> int:
 
     pod = jobs.pod(name)
     if pod is None:
-        raise click.ClickException(f"job/{name} has no pod (yet)")
+        raise K8sUnavailable(f"job/{name} has no pod (yet)")
     summary = extract_summary(jobs.log(pod.metadata.name))
     if summary is None:
-        raise click.ClickException(
+        raise K8sUnavailable(
             f"no summary in the log of pod {pod.metadata.name} yet (the sweep is still running, "
             "or it was started without --print-summary outside Kubernetes)"
         )
