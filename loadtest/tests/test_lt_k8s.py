@@ -374,3 +374,33 @@ def test_client_errors_are_one_line_with_their_own_exit_code(tmp_path: Path) -> 
         assert runner.invoke(cli, args).exit_code == 0
         r = runner.invoke(cli, args)
         _one_error_line(r, 2, 'jobs.batch "lt-1" already exists')
+
+
+def test_set_keys_are_checked_and_flag_spellings_accepted() -> None:
+    """--set takes only settings the pod's `slo-loadtest run` reads (a typo would be an env
+    var nothing reads); `run`'s flag names are aliases; target/out/api_key are refused."""
+    from slo_loadtest.cli import run
+
+    base = ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run"]
+    r = CliRunner().invoke(
+        cli,
+        [*base, "--set", "duration=10", "--set", "--video-frames=4", "--set", "SLO_MS=250",
+         "--set", "unique-media=false"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (c,) = json.loads(r.output)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["SLO_LOADTEST_DURATION_S"] == "10" and env["SLO_LOADTEST_VIDEO_FRAMES"] == "4"
+    assert env["SLO_LOADTEST_SLO_MS"] == "250" and env["SLO_LOADTEST_UNIQUE_MEDIA"] == "false"
+    read = {p.envvar for p in run.params if p.envvar}
+    assert {n for n in env if n.startswith("SLO_LOADTEST_")} - {"SLO_LOADTEST_OUT"} <= read
+    for bad, message in (
+        ("durations=10", "unknown setting 'durations'"),
+        ("reuse_media=true", "unknown setting"),  # a negative flag is no alias
+        ("target=http://x", "use --target"),
+        ("api_key=secret", "use --api-key-secret"),
+    ):
+        r = CliRunner().invoke(cli, [*base, "--set", bad])
+        assert r.exit_code == 2 and message in r.output, r.output
+    r = CliRunner().invoke(cli, [*base, "--set", "durations=10"])
+    assert "duration_s" in r.output and "video_frames" in r.output  # the valid ones are listed

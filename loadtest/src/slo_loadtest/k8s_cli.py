@@ -139,13 +139,53 @@ def _name(jobs: Any, job: str | None, release: str) -> str:
         raise K8sUsageError(str(exc)) from None
 
 
+# set by the Job itself, or not to be put in plain text into the manifest
+_NOT_SETTABLE = {
+    "target": "use --target",
+    "out": "the Job writes to /results",
+    "api_key": "use --api-key-secret (a Secret, not plain text in the Job)",
+}
+
+
+def setting_keys() -> dict[str, str]:
+    """Every spelling --set accepts -> the setting (SLO_LOADTEST_<SETTING>) that the pod's
+    `slo-loadtest run` reads: the setting itself, and its flag without dashes (`duration` and
+    `--duration` for duration_s). A flag's negative spelling (--reuse-media) is no alias."""
+    from slo_loadtest.cli import run
+
+    keys: dict[str, str] = {}
+    for p in run.params:
+        prefix = env_var("")
+        if not isinstance(p.envvar, str) or not p.envvar.startswith(prefix):
+            continue
+        name = p.envvar.removeprefix(prefix).lower()
+        keys[name] = name
+        for opt in p.opts:
+            keys.setdefault(opt.lstrip("-").replace("-", "_").lower(), name)
+    return keys
+
+
 def _kv(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    known = setting_keys()
     out = {}
     for v in values:
         if "=" not in v:
             raise click.BadParameter(f"{v!r} is not KEY=VALUE", ctx=ctx, param=param)
         k, _, val = v.partition("=")
-        out[k.strip().lower()] = val
+        key = k.strip().lstrip("-").replace("-", "_").lower()
+        if key in _NOT_SETTABLE:
+            raise click.BadParameter(f"{k!r}: {_NOT_SETTABLE[key]}", ctx=ctx, param=param)
+        if key not in known:
+            # an unknown key would become a variable nothing reads, and the sweep would run
+            # with the default silently
+            valid = sorted(set(known.values()) - set(_NOT_SETTABLE))
+            raise click.BadParameter(
+                f"unknown setting {k!r}; valid settings (or their run flags, e.g. duration for "
+                f"duration_s): {', '.join(valid)}",
+                ctx=ctx,
+                param=param,
+            )
+        out[known[key]] = val
     return out
 
 
@@ -171,7 +211,8 @@ def k8s() -> None:
     callback=_kv,
     metavar="KEY=VALUE",
     help="Sweep setting, becomes SLO_LOADTEST_<KEY> (e.g. --set rates=1..20 "
-    "--set duration_s=30). Repeatable.",
+    "--set duration_s=30; `run`'s flag names work too: --set duration=30). Unknown keys are "
+    "refused. Repeatable.",
 )
 @click.option(
     "--extra-body",
