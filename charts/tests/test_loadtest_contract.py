@@ -56,6 +56,9 @@ def test_same_environment_and_labels():
     lenv = {e["name"]: e for e in cli["spec"]["template"]["spec"]["containers"][0]["env"]}
     for name in ("SLO_LOADTEST_TARGET", "SLO_LOADTEST_OUT", "HOME", "MPLCONFIGDIR"):
         assert lenv[name] == cenv[name], name
+    # the Pushgateway group: <namespace>/<release> on both sides
+    assert lenv["SLO_LOADTEST_PUSH_RELEASE"] == cenv["SLO_LOADTEST_PUSH_RELEASE"]
+    assert cenv["SLO_LOADTEST_PUSH_RELEASE"]["value"] == "serve/rel"
     assert lenv["SLO_LOADTEST_API_KEY"] == cenv["SLO_LOADTEST_API_KEY"]
     fixed = ("app.kubernetes.io/name", "app.kubernetes.io/instance", k8s.COMPONENT_LABEL)
     chart_labels = chart["spec"]["template"]["metadata"]["labels"]

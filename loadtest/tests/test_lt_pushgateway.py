@@ -119,6 +119,50 @@ def test_analyze_pushes_and_unreachable_gateway_is_an_error(pushgateway: str) ->
         push(f"http://127.0.0.1:{_free_port()}", _summary(1), timeout_s=2)
 
 
+def test_two_releases_keep_their_own_groups(pushgateway: str) -> None:
+    """--push-release (the chart's Jobs: <namespace>/<release>) is a grouping label: a second
+    release's push does not replace the first's."""
+    push(pushgateway, _summary(600_000), release="serve/a")
+    push(pushgateway, _summary(1), release="serve/b")
+    text = _metrics(pushgateway)
+    assert 'slo_pass{instance="",job="slo_loadtest",release="serve/a",workload="text"} 1' in text
+    assert 'slo_pass{instance="",job="slo_loadtest",release="serve/b",workload="text"} 0' in text
+
+
+def test_rates_that_never_ran_are_not_pushed_as_all_errors() -> None:
+    from slo_loadtest.pushgateway import exposition
+
+    s = _summary(600_000)
+    s["results"].append(
+        {**s["results"][0], "target_rate": 2.0, "status": "not_run", "measurement": None}
+    )
+    text = exposition(s, "text")
+    ratios = [ln for ln in text.splitlines() if ln.startswith("slo_loadtest_error_ratio{")]
+    assert ratios == ['slo_loadtest_error_ratio{rate="1"} 0.0']
+
+
+def test_analyze_without_out_warns_when_the_push_fails() -> None:
+    """A failed push is a warning with --out or without; the exit code is the verdict's."""
+    r = CliRunner().invoke(
+        cli,
+        [
+            "analyze",
+            str(FIXTURES / "text-1rps.json"),
+            "--slo-ms",
+            "600000",
+            "--min-achieved-ratio",
+            "0",
+            "--max-dispatch-delay-ms",
+            "1000000",
+            "--pushgateway",
+            f"http://127.0.0.1:{_free_port()}",
+        ],
+    )
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert r.exit_code == 0, r.output
+    assert "warning: push to" in r.output
+
+
 def test_only_dashboard_metric_names_are_written() -> None:
     """dashboards/generate.py lists the names the dashboard reads; we write no others."""
     import re

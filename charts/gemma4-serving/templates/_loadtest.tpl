@@ -125,6 +125,9 @@ template:
             value: {{ include "gemma4-serving.serviceURL" $ | quote }}
           - name: SLO_LOADTEST_OUT
             value: /results
+          # the Pushgateway group of this release (a push to the Pushgateway replaces only it)
+          - name: SLO_LOADTEST_PUSH_RELEASE
+            value: {{ get $settings "push_release" | default (printf "%s/%s" $.Release.Namespace $.Release.Name) | toString | quote }}
           - name: KEEP_RESULTS_SECONDS
             value: {{ $mode.keepResultsSeconds | quote }}
           - name: HOME
@@ -132,7 +135,7 @@ template:
           - name: MPLCONFIGDIR
             value: /tmp/matplotlib
           {{- range $key, $val := $settings }}
-          {{- if ne (upper $key) "TARGET" }}
+          {{- if not (has (upper $key) (list "TARGET" "PUSH_RELEASE")) }}
           - name: {{ printf "SLO_LOADTEST_%s" (upper $key) }}
             value: {{ toString $val | quote }}
           {{- end }}

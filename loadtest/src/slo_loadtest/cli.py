@@ -215,7 +215,14 @@ def _do_run(values: dict[str, Any], with_plots: bool, print_summary: bool | None
         source="run",
     )
     return _finish(
-        summary, cfg.out, with_plots, cfg.pushgateway, cfg.push_job, print_summary, summary_block
+        summary,
+        cfg.out,
+        with_plots,
+        cfg.pushgateway,
+        cfg.push_job,
+        print_summary,
+        summary_block,
+        cfg.push_release,
     )
 
 
@@ -231,6 +238,7 @@ def _finish(
     push_job: str,
     print_summary: bool | None,
     block: Callable[[Any], str],
+    push_release: str = "",
 ) -> int:
     from slo_loadtest.outputs import write_outputs
 
@@ -242,18 +250,23 @@ def _finish(
         )
     click.echo(f"verdict: {summary['verdict'].upper()}  ({paths['markdown']})", err=True)
     if pushgateway:
-        from slo_loadtest.pushgateway import push
-
-        try:
-            for url in push(pushgateway, summary, job=push_job):
-                click.echo(f"pushed {url}", err=True)
-        except RuntimeError as exc:
-            click.echo(f"warning: {exc}", err=True)
+        _push(pushgateway, summary, push_job, push_release)
     if print_summary is None:
         print_summary = in_kubernetes()
     if print_summary:
         click.echo(block(summary), nl=False)
     return exit_code(summary)
+
+
+def _push(pushgateway: str, summary: dict[str, Any], job: str, release: str = "") -> None:
+    """A failed push is a warning: the verdict, not the dashboard, sets the exit code."""
+    from slo_loadtest.pushgateway import push
+
+    try:
+        for url in push(pushgateway, summary, job=job, release=release):
+            click.echo(f"pushed {url}", err=True)
+    except RuntimeError as exc:
+        click.echo(f"warning: {exc}", err=True)
 
 
 def exit_code(summary: dict[str, Any]) -> int:
@@ -402,9 +415,7 @@ def analyze(
     if out is None:
         click.echo(to_markdown(summary))
         if pushgateway:
-            from slo_loadtest.pushgateway import push
-
-            push(pushgateway, summary)
+            _push(pushgateway, summary, "slo_loadtest")
         sys.exit(exit_code(summary))
     from slo_loadtest.outputs import summary_block
 

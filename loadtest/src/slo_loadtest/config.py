@@ -143,6 +143,11 @@ class SweepConfig:
     data_dir: Path = _f(Path(""), "Where datasets and media go; empty: OUT/data.")  # noqa: RUF009
     pushgateway: str = _f("", "Pushgateway URL to push the summary to (empty: no push).")
     push_job: str = _f("slo_loadtest", "Pushgateway job name.")
+    push_release: str = _f(
+        "",
+        "Pushgateway grouping label 'release' (the chart's Jobs set <namespace>/<release>), so "
+        "sweeps of two releases do not replace each other's metrics; empty: no such label.",
+    )
     seed: int = _f(
         0, "Seed of the generated prompts and media; 0: a new one per run (never a cache hit)."
     )

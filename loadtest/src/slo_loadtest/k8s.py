@@ -128,6 +128,11 @@ def loadtest_job(o: JobOptions) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
         {"name": "SLO_LOADTEST_TARGET", "value": target},
         {"name": "SLO_LOADTEST_OUT", "value": "/results"},
+        # the Pushgateway group of this release (a push to the Pushgateway replaces only it)
+        {
+            "name": "SLO_LOADTEST_PUSH_RELEASE",
+            "value": (o.settings or {}).get("push_release") or f"{o.namespace}/{o.release}",
+        },
         {"name": "KEEP_RESULTS_SECONDS", "value": str(o.keep_results_s)},
         *(
             [{"name": "HEALTH_WAIT_SECONDS", "value": str(o.health_wait_s)}]
@@ -138,7 +143,7 @@ def loadtest_job(o: JobOptions) -> dict[str, Any]:
         {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]
     for key, val in sorted((o.settings or {}).items()):
-        if key.upper() in ("TARGET", "OUT"):
+        if key.upper() in ("TARGET", "OUT", "PUSH_RELEASE"):
             continue
         env.append({"name": f"SLO_LOADTEST_{key.upper()}", "value": str(val)})
     if o.api_key_secret:

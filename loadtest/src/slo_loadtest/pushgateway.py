@@ -14,12 +14,16 @@ one group per workload, all gauges, ``rate`` as the requested rate formatted wit
 * ``slo_loadtest_last_run_timestamp_seconds{workload}``
 
 Each push is an HTTP PUT of the text exposition format to
-``/metrics/job/<job>/workload/<workload>``, which replaces the group, so rates of an older sweep
-do not linger. No client library is needed.
+``/metrics/job/<job>[/release@base64/<release>]/workload/<workload>``, which replaces the group,
+so rates of an older sweep do not linger, and the sweep of another release (``--push-release``,
+``<namespace>/<release>`` in the chart's Jobs) stays. The dashboard aggregates ``max by
+(workload[, rate])`` and filters by ``workload`` only, so the extra label changes none of its
+queries. Rates that never ran (no measurement) are not pushed. No client library is needed.
 """
 
 from __future__ import annotations
 
+import base64
 import time
 import urllib.error
 import urllib.parse
@@ -63,7 +67,9 @@ def exposition(summary: Mapping[str, Any], workload: str, now: float | None = No
     for r in results:
         m = r.get("measurement") or {}
         total = sum(int(m.get(k) or 0) for k in ("successful", "errored", "incomplete"))
-        ratio = (int(m.get("errored") or 0) / total) if total else 1.0
+        if not total:  # never ran (not_run, guidellm failed): no ratio, not 100 % errors
+            continue
+        ratio = int(m.get("errored") or 0) / total
         lines.append(_line("slo_loadtest_error_ratio", {"rate": f"{r['target_rate']:g}"}, ratio))
     w = summary["workloads"].get(workload, {})
     if w.get("requirement_met") is not None:
@@ -89,8 +95,17 @@ def exposition(summary: Mapping[str, Any], workload: str, now: float | None = No
     return "\n".join(lines) + "\n"
 
 
+def _b64(value: str) -> str:
+    """The Pushgateway's base64url form of a label value: '/' may not appear in a path segment."""
+    return base64.urlsafe_b64encode(value.encode()).decode()
+
+
 def push(
-    url: str, summary: Mapping[str, Any], job: str = "slo_loadtest", timeout_s: float = 10.0
+    url: str,
+    summary: Mapping[str, Any],
+    job: str = "slo_loadtest",
+    timeout_s: float = 10.0,
+    release: str = "",
 ) -> list[str]:
     """PUT one group per workload; returns the URLs pushed to. Raises RuntimeError on failure."""
     base = url.rstrip("/")
@@ -101,7 +116,8 @@ def push(
     for workload in summary["workloads"]:
         path = (
             f"/metrics/job/{urllib.parse.quote(job, safe='')}"
-            f"/workload/{urllib.parse.quote(workload, safe='')}"
+            + (f"/release@base64/{_b64(release)}" if release else "")
+            + f"/workload/{urllib.parse.quote(workload, safe='')}"
         )
         body = exposition(summary, workload, now).encode()
         req = urllib.request.Request(
