@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from slo_loadtest.cli import cli
 from slo_loadtest.config import Criteria
 from slo_loadtest.guidellm_adapter import load_report
-from slo_loadtest.verdict import allowed_incomplete, judge
+from slo_loadtest.summary import build_summary
+from slo_loadtest.verdict import RateResult, allowed_incomplete, judge
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LENIENT = Criteria(
@@ -209,3 +210,22 @@ def test_confidence_interval_of_p95_from_a_real_h200_report(tmp_path: Path) -> N
 def test_too_few_requests_give_no_interval() -> None:
     x = m("text-1rps")  # 3 requests: guidellm reports no percentile interval
     assert x.latency_p95_ci_low_ms is None and x.latency_p95_ci_high_ms is None
+
+
+def test_the_slo_line_is_drawn_only_on_the_total_latency_panel() -> None:
+    """The SLO bounds p95 total latency; a line on the TTFT panel would read as a TTFT SLO."""
+    from slo_loadtest.plots import PANELS, summary_figure
+
+    m = load_report(FIXTURES / "text-1rps.json").measurements[0]
+    summary = build_summary(
+        [RateResult(workload="text", target_rate=m.target_rate, measurement=m)],
+        LENIENT,
+        workloads=["text"],
+    )
+    fig = summary_figure(summary)
+    with_slo = [
+        key
+        for ax, (key, _) in zip(fig.axes, PANELS, strict=True)
+        if any(str(line.get_label()).startswith("SLO") for line in ax.get_lines())
+    ]
+    assert with_slo == ["latency_p95_ms"]
