@@ -60,6 +60,12 @@ def _metrics(url: str) -> str:
     return urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
 
 
+def _analyze_text_1rps(*options: str):
+    """`slo-loadtest analyze` of the 1 req/s text fixture with a 600 s SLO (always met)."""
+    args = ["analyze", str(FIXTURES / "text-1rps.json"), "--slo-ms", "600000", *options]
+    return CliRunner().invoke(cli, args)
+
+
 def _summary(slo_ms: float) -> dict:
     rs = []
     for name, workload in (("text-1rps", "text"), ("video-incomplete", "video")):
@@ -103,17 +109,7 @@ def test_a_new_push_replaces_the_workloads_group(pushgateway: str) -> None:
 
 
 def test_analyze_pushes_and_unreachable_gateway_is_an_error(pushgateway: str) -> None:
-    r = CliRunner().invoke(
-        cli,
-        [
-            "analyze",
-            str(FIXTURES / "text-1rps.json"),
-            "--slo-ms",
-            "600000",
-            "--pushgateway",
-            pushgateway,
-        ],
-    )
+    r = _analyze_text_1rps("--pushgateway", pushgateway)
     assert "slo_loadtest_slo_pass" in _metrics(pushgateway), r.output
     with pytest.raises(RuntimeError, match="push to"):
         push(f"http://127.0.0.1:{_free_port()}", _summary(1), timeout_s=2)
@@ -143,20 +139,13 @@ def test_rates_that_never_ran_are_not_pushed_as_all_errors() -> None:
 
 def test_analyze_without_out_warns_when_the_push_fails() -> None:
     """A failed push is a warning with --out or without; the exit code is the verdict's."""
-    r = CliRunner().invoke(
-        cli,
-        [
-            "analyze",
-            str(FIXTURES / "text-1rps.json"),
-            "--slo-ms",
-            "600000",
-            "--min-achieved-ratio",
-            "0",
-            "--max-dispatch-delay-ms",
-            "1000000",
-            "--pushgateway",
-            f"http://127.0.0.1:{_free_port()}",
-        ],
+    r = _analyze_text_1rps(
+        "--min-achieved-ratio",
+        "0",
+        "--max-dispatch-delay-ms",
+        "1000000",
+        "--pushgateway",
+        f"http://127.0.0.1:{_free_port()}",
     )
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     assert r.exit_code == 0, r.output
