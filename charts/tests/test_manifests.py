@@ -808,11 +808,24 @@ def test_documented_dashboard_prerequisites():
 
 
 def test_image_pull_secrets_take_names_and_the_kubernetes_form():
-    values = "imagePullSecrets:\n  - regcred\n  - name: other-cred\n"
+    """Both forms become LocalObjectReferences in every pod spec: the Deployment and both
+    load-test Jobs (a {name: x} item once rendered as `name: map[name:x]` in the Jobs, which a
+    schema check accepts because it is still a string)."""
+    values = (
+        "imagePullSecrets:\n  - regcred\n  - name: other-cred\n"
+        "loadtest:\n  job:\n    enabled: true\n"
+    )
     text = render_text("default", values=values)
-    assert "imagePullSecrets:\n        - name: regcred" in text  # no blank line in between
-    spec = pod_spec(one(render("default", values=values), "Deployment"))
-    assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other-cred"}]
+    # no blank line in between, in all three pod specs
+    assert text.count("imagePullSecrets:\n        - name: regcred\n") == 3
+    assert "map[" not in text
+    docs = render("default", values=values)
+    pods = [one(docs, "Deployment"), *by_kind(docs, "Job")]
+    assert len(pods) == 3  # the Deployment, the helm test hook and the standalone Job
+    for doc in pods:
+        assert pod_spec(doc)["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other-cred"}]
+    for doc in [one(render("default"), "Deployment"), *by_kind(render("default"), "Job")]:
+        assert "imagePullSecrets" not in pod_spec(doc)  # none set: no empty list
     bad = values_file("imagePullSecrets:\n  - nme: x\n")
     proc = helm("template", RELEASE, str(CHART), "-f", str(bad), check=False)
     assert proc.returncode != 0 and "at '/imagePullSecrets/0'" in proc.stderr, proc.stderr

@@ -39,9 +39,7 @@ template:
     enableServiceLinks: false
     {{- with $.Values.imagePullSecrets }}
     imagePullSecrets:
-      {{- range . }}
-      - name: {{ . }}
-      {{- end }}
+      {{- include "gemma4-serving.imagePullSecrets" $ | trim | nindent 6 }}
     {{- end }}
     securityContext:
       runAsNonRoot: true
