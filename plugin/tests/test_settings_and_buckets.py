@@ -65,3 +65,49 @@ def test_bucket_sizes():
     for n in range(1, 300):
         b = bucket_size(n)
         assert n <= b < 2 * n or n == b
+
+
+# Every variable Settings reads; a Helm chart's empty value (`GEMMA4_X=`) must read as unset.
+SETTINGS_ENV = (
+    "GEMMA4_ENCODER_DISABLE", "GEMMA4_ENCODER_MODE", "GEMMA4_ENCODER_MAX_BATCH_BYTES",
+    "GEMMA4_ENCODER_CUDA_GRAPHS", "GEMMA4_ENCODER_CUDA_GRAPH_MAX_ITEMS",
+    "GEMMA4_ENCODER_VERIFY_EVERY", "GEMMA4_ENCODER_COMPILE", "GEMMA4_ENCODER_FUSED",
+    "GEMMA4_ENCODER_FAST_KERNELS", "GEMMA4_ENGINE_TORCH_THREADS", "GEMMA4_ENGINE_ASYNC_RANGES",
+    "GEMMA4_ENGINE_GPU_BATCHING", "GEMMA4_ENGINE_GRAPH_RANGES", "GEMMA4_ENCODER_WARMUP_TOKENS",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("empty", ["", "  "], ids=["empty", "blank"])
+def test_empty_values_are_the_defaults(monkeypatch, empty):
+    for name in SETTINGS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    defaults = Settings.from_env()
+    # the default-on switches are what an empty value used to turn off
+    assert defaults.cuda_graphs and defaults.engine_async_ranges and defaults.fused == "auto"
+    assert defaults.warmup_tokens == (70,)
+    for name in SETTINGS_ENV:
+        monkeypatch.setenv(name, empty)
+    assert Settings.from_env() == defaults
+
+
+def test_empty_is_not_a_switch_value():
+    from gemma4_batched_encoder.settings import parse_switch
+
+    assert parse_switch("") is None and parse_switch("off") is False and parse_switch("1")
+
+
+def test_empty_media_values_are_the_defaults(monkeypatch, caplog):
+    from gemma4_batched_encoder import media
+
+    for name in (
+        "GEMMA4_MEDIA_FAST_PATH",
+        "GEMMA4_MEDIA_TORCH_THREADS",
+        "GEMMA4_MEDIA_FRAME_THREADS",
+    ):
+        monkeypatch.setenv(name, "")
+    assert media.fast_path_requested() is True
+    assert media.media_torch_threads() == 1 and media.media_frame_threads() == 1
+    assert not [r for r in caplog.records if "GEMMA4_MEDIA" in r.getMessage()]  # no warning
+    monkeypatch.setenv("GEMMA4_MEDIA_TORCH_THREADS", "many")
+    assert media.media_torch_threads() == 1
+    assert "GEMMA4_MEDIA_TORCH_THREADS='many'" in caplog.text

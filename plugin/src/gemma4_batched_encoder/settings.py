@@ -19,17 +19,25 @@ FastKernels = Literal[
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+# No "" here: an empty value (a Helm chart's empty string) means "unset", i.e. the default, and
+# must not turn a default-on switch off.
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _raw(name: str) -> str | None:
+    """The variable's value, None when unset or empty (both mean: use the default)."""
+    raw = os.environ.get(name)
+    return raw if raw is not None and raw.strip() else None
 
 
 def parse_switch(raw: str) -> bool | None:
-    """1/true/yes/on -> True, 0/false/no/off/"" -> False, anything else None."""
+    """1/true/yes/on -> True, 0/false/no/off -> False, anything else (empty included) None."""
     value = raw.strip().lower()
     return True if value in _TRUE else False if value in _FALSE else None
 
 
 def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
+    raw = _raw(name)
     if raw is None:
         return default
     value = parse_switch(raw)
@@ -39,8 +47,8 @@ def _flag(name: str, default: bool) -> bool:
 
 
 def _ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    """A comma list of positive integers (unset: `default`; "" or "off": none)."""
-    raw = os.environ.get(name)
+    """A comma list of positive integers (unset or empty: `default`; "off": none)."""
+    raw = _raw(name)
     if raw is None:
         return default
     if raw.strip().lower() == "off":
@@ -63,8 +71,8 @@ def _threads(name: str) -> int | None:
 
 
 def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
+    raw = _raw(name)
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -150,16 +158,14 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        mode = os.environ.get("GEMMA4_ENCODER_MODE", "exact").strip().lower() or "exact"
+        mode = (_raw("GEMMA4_ENCODER_MODE") or cls.mode).strip().lower()
         if mode not in ("exact", "fast"):
             raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
-        fused = os.environ.get("GEMMA4_ENCODER_FUSED", "auto").strip().lower()
+        fused = (_raw("GEMMA4_ENCODER_FUSED") or cls.fused).strip().lower()
         fused = "on" if fused in _TRUE else "off" if fused in _FALSE else fused
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
-        fast_kernels = (
-            os.environ.get("GEMMA4_ENCODER_FAST_KERNELS", cls.fast_kernels).strip().lower()
-        )
+        fast_kernels = (_raw("GEMMA4_ENCODER_FAST_KERNELS") or cls.fast_kernels).strip().lower()
         if fast_kernels not in get_args(FastKernels):
             raise ValueError(
                 f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected one of"

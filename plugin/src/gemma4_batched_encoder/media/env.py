@@ -12,8 +12,8 @@ logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
 def thread_count(name: str, default: int = 1) -> int:
     """A non-negative count from `name` (0 = leave the library's own setting); `default` when
-    unset, with a warning when it is not a count."""
-    value = os.environ.get(name, str(default)).strip()
+    unset or empty, with a warning when it is not a count."""
+    value = os.environ.get(name, "").strip() or str(default)
     try:
         threads = int(value)
     except ValueError:
