@@ -519,6 +519,10 @@ VALUES = obj(
                 ),
                 "job": loadtest_mode("Render the standalone load-test Job", standalone=True),
                 "helmTest": loadtest_mode("Render the helm test hook Job", standalone=False),
+                "healthWaitSeconds": integer(
+                    "Seconds the Jobs wait for the server's /health (HEALTH_WAIT_SECONDS)",
+                    minimum=1,
+                ),
                 "extraEnv": ref("envList"),
                 "results": obj(
                     {

@@ -7,9 +7,11 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socket
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,45 @@ def test_loadtest_job_script(tmp_path, health_server):
     assert got["env"]["SLO_LOADTEST_RATES"] == "1,2"
     assert got["env"]["SLO_LOADTEST_WORKLOADS"] == "text,video"
     assert "results ready" in proc.stdout
+
+
+def test_loadtest_health_wait_from_the_value(tmp_path):
+    """loadtest.healthWaitSeconds reaches both Jobs as HEALTH_WAIT_SECONDS (900 by default) and
+    bounds the script's /health wait: against a port nobody listens on, a 1 s bound gives up
+    after the first retry and runs the sweep anyway (its preflight reports the dead target)."""
+    for doc in render("default", sets=("loadtest.job.enabled=true",)):
+        if doc["kind"] == "Job":
+            env = {
+                e["name"]: e.get("value")
+                for e in doc["spec"]["template"]["spec"]["containers"][0]["env"]
+            }
+            assert env["HEALTH_WAIT_SECONDS"] == "900"
+    docs = render("default", sets=("loadtest.job.enabled=true", "loadtest.healthWaitSeconds=1"))
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    assert len(jobs) == 2
+    for job in jobs:
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        assert env["HEALTH_WAIT_SECONDS"] == "1"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    make_exe(fake / "slo-loadtest", "#!/bin/sh\nexit 3\n")
+    with socket.socket() as s:  # a free port, closed again: connection refused
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env.update(
+        SLO_LOADTEST_TARGET=dead,
+        SLO_LOADTEST_OUT=str(tmp_path / "results"),
+        KEEP_RESULTS_SECONDS="0",
+        PATH=f"{fake}:{os.environ['PATH']}",
+    )
+    started = time.monotonic()
+    proc = subprocess.run(container["command"], capture_output=True, text=True, env=env, timeout=60)
+    assert time.monotonic() - started < 30  # not the script's 900 s default
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"waiting up to 1s for {dead}/health" in proc.stdout
+    assert f"no answer from {dead}/health after 1s; running the sweep anyway" in proc.stdout
+    assert (tmp_path / "results" / "exit_code").read_text().strip() == "3"
 
 
 def test_shell_scripts_pass_shellcheck(tmp_path):

@@ -255,6 +255,8 @@ BAD_VALUES = [
     ),
     ("loadtest.job.activeDeadlineSeconds=5", "/loadtest/job/activeDeadlineSeconds", "minimum"),
     ("loadtest.extraBody=5", "/loadtest/extraBody", "got number, want object"),
+    ("loadtest.healthWaitSeconds=0", "/loadtest/healthWaitSeconds", "minimum"),
+    ("loadtest.healthWaitSeconds=soon", "/loadtest/healthWaitSeconds", "got string, want integer"),
     ("server.pluginEnv.GEMMA4_X={a}", "/server/pluginEnv/GEMMA4_X", "got array"),
     ("ingress.hosts[0].paths[0].path=v1", "/ingress/hosts/0/paths/0/path", "does not match"),
     ("ingress.tls[0].hosts[0]=a", "/ingress/tls/0", "missing property 'secretName'"),
@@ -315,6 +317,11 @@ CROSS_FIELD = [
         ("progressDeadlineSeconds=600",),
         "progressDeadlineSeconds (600) is shorter than the startup probe's budget (1830 s",
     ),
+    (
+        ("loadtest.extraEnv[0].name=HEALTH_WAIT_SECONDS", "loadtest.extraEnv[0].value=5"),
+        "loadtest.extraEnv: HEALTH_WAIT_SECONDS is set by the chart; "
+        "use loadtest.healthWaitSeconds",
+    ),
 ]
 
 
@@ -329,6 +336,7 @@ CROSS_FIELD = [
         "mount-volume",
         "ingress-netpol",
         "progress-deadline",
+        "health-wait-env",
     ],
 )
 def test_cross_field_checks(sets, message):

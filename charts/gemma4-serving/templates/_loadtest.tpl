@@ -22,6 +22,11 @@ charts/tests/test_loadtest_contract.py keeps the two lists equal). */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- range $lt.extraEnv }}
+{{- if has .name (list "HEALTH_WAIT_SECONDS" "KEEP_RESULTS_SECONDS") }}
+{{- fail (printf "loadtest.extraEnv: %s is set by the chart; use loadtest.%s" .name (eq .name "HEALTH_WAIT_SECONDS" | ternary "healthWaitSeconds" "job.keepResultsSeconds / loadtest.helmTest.keepResultsSeconds")) }}
+{{- end }}
+{{- end }}
 backoffLimit: 0
 activeDeadlineSeconds: {{ $mode.activeDeadlineSeconds }}
 {{- with .ttl }}
@@ -128,6 +133,8 @@ template:
             value: {{ get $settings "push_release" | default (printf "%s/%s" $.Release.Namespace $.Release.Name) | toString | quote }}
           - name: KEEP_RESULTS_SECONDS
             value: {{ $mode.keepResultsSeconds | quote }}
+          - name: HEALTH_WAIT_SECONDS
+            value: {{ $lt.healthWaitSeconds | quote }}
           - name: HOME
             value: /tmp
           - name: MPLCONFIGDIR
