@@ -14,7 +14,7 @@ from slo_loadtest.cli import cli
 from slo_loadtest.config import Criteria
 from slo_loadtest.guidellm_adapter import load_report
 from slo_loadtest.summary import build_summary
-from slo_loadtest.verdict import RateResult, allowed_incomplete, judge
+from slo_loadtest.verdict import RateResult, allowed_incomplete, judge, judge_result
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LENIENT = Criteria(
@@ -92,17 +92,19 @@ def test_incompletes_beyond_the_in_flight_allowance_fail() -> None:
     assert not ok and any("incomplete" in r for r in reasons), reasons
 
 
-def test_client_that_fell_behind_fails() -> None:
+def test_client_that_fell_behind_is_inconclusive(tmp_path: Path) -> None:
+    """The recorded run where one worker on 2 cores could not send 150 req/s: the rate is not
+    judged (README: the verdict refuses to), and analyze exits 3, not 1."""
     x = m("text-fell-behind")
     assert x.dispatch_delay_p95_ms > 50
     assert x.achieved_rate < 0.95 * x.target_rate
-    ok, reasons = judge(
-        x,
-        Criteria(
-            slo_ms=600_000, min_achieved_ratio=0.0, max_error_ratio=1.0, max_dispatch_delay_ms=50
-        ),
+    behind = Criteria(
+        slo_ms=600_000, min_achieved_ratio=0.0, max_error_ratio=1.0, max_dispatch_delay_ms=50
     )
+    ok, reasons = judge(x, behind)
     assert not ok and any("client fell behind" in r for r in reasons), reasons
+    r = judge_result(RateResult(workload="text", target_rate=x.target_rate, measurement=x), behind)
+    assert r.inconclusive and not r.passed
     ok, reasons = judge(
         x,
         Criteria(
@@ -113,6 +115,20 @@ def test_client_that_fell_behind_fails() -> None:
         ),
     )
     assert not ok and any(r.startswith("achieved") for r in reasons), reasons
+    out = tmp_path / "behind"
+    res = CliRunner().invoke(
+        cli,
+        ["analyze", str(FIXTURES / "text-fell-behind.json"), "--slo-ms", "600000",
+         "--max-error-ratio", "1", "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 3, res.output
+    assert "verdict: INCONCLUSIVE" in res.output and "inconclusive from" in res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["verdict"] == "inconclusive" and s["complete"]
+    assert s["workloads"]["text"]["first_inconclusive_rate"] == x.target_rate
+    assert "- verdict: **INCONCLUSIVE**" in (out / "report.md").read_text()
+    (row,) = csv.DictReader((out / "results.csv").open())
+    assert row["verdict"] == "inconclusive"
 
 
 def test_analyze_cli_writes_every_output_and_exit_code(tmp_path: Path) -> None:

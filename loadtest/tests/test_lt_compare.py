@@ -184,3 +184,18 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> N
 def test_usage_errors_exit_2(args: list[str], message: str) -> None:
     r = compare(*args)
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_an_inconclusive_rate_is_marked_as_such(tmp_path: Path) -> None:
+    """A rate where the client fell behind was not judged: `?`, neither ✓ nor ✗ (the CSV's
+    verdict column; older CSVs without it read as before)."""
+    fixture = Path(__file__).parent / "fixtures" / "text-fell-behind.json"
+    run = tmp_path / "run"
+    r = CliRunner().invoke(cli, ["analyze", str(fixture), "--out", str(run), "--no-plots"])
+    assert r.exit_code == 3, r.output
+    r = compare(f"behind={run}", f"old={STOCKTEXT}", "--out", tmp_path / "cmp")
+    assert r.exit_code == 0, r.output
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("| 150 |")]
+    assert row.split(" | ")[1].endswith(" ?"), row
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "? inconclusive (the client fell behind" in md

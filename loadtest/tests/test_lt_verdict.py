@@ -188,3 +188,70 @@ def test_report_marks_a_marginal_edge_and_keeps_the_content_warning_for_content(
     row25 = dict(zip(cols, rows[1].split(","), strict=False))
     assert float(row25["latency_p95_ci_low_ms"]) == 251
     assert float(row25["latency_p95_ci_high_ms"]) == 325
+
+
+def _behind(rate: float, p95: float = 120) -> RateResult:
+    """A rate where the client fell behind (p95 dispatch delay above the 50 ms bound)."""
+    m = replace(
+        GOOD, target_rate=rate, achieved_rate=rate, incomplete=0, latency_p95_ms=p95,
+        dispatch_delay_p95_ms=80,
+    )  # fmt: skip
+    return RateResult(workload="video", target_rate=rate, measurement=m)
+
+
+def test_a_client_that_fell_behind_makes_the_rate_inconclusive_not_failed() -> None:
+    """README: the verdict refuses to judge such a rate. It breaks the highest-passing chain
+    like a failure, but the sweep fails only where a rate failed outright; where the outcome
+    hangs on the inconclusive rate, the verdict is inconclusive (exit 3: rerun, not fix)."""
+    from slo_loadtest.cli import exit_code
+    from slo_loadtest.exit_codes import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS
+
+    s = build_summary([_r(1, True), _behind(2), _behind(5, p95=900)], C)
+    one, two, five = s["results"]
+    assert one["passed"] and not one["inconclusive"]
+    assert two["inconclusive"] and not two["passed"]
+    assert any(x.startswith("client fell behind") for x in two["reasons"])
+    # whatever else it says (here p95 over the SLO too), its numbers are the client's pace
+    assert five["inconclusive"] and any("> SLO" in x for x in five["reasons"])
+    w = s["workloads"]["video"]
+    assert (w["highest_passing_rate"], w["first_failing_rate"]) == (1, None)
+    assert w["first_inconclusive_rate"] == 2 and w["verdict"] == "inconclusive"
+    assert s["complete"] and s["verdict"] == "inconclusive"
+    assert exit_code(s) == EXIT_INCOMPLETE
+
+    # an outright failure still fails the sweep
+    s = build_summary([_r(1, True), _behind(2), _r(5, False)], C)
+    assert s["verdict"] == "fail" and exit_code(s) == EXIT_FAIL
+    assert s["workloads"]["video"]["first_failing_rate"] == 5
+    # a required rate below the inconclusive one is met; at it, undecided; one that the
+    # outright failure rules out fails whatever the inconclusive rate would have said
+    rs = [_r(1, True), _behind(2), _r(5, False)]
+    assert build_summary(rs, C, require_rate=1)["verdict"] == "pass"
+    s = build_summary(rs, C, require_rate=2)
+    assert s["verdict"] == "inconclusive" and s["workloads"]["video"]["requirement_met"] is False
+    assert build_summary(rs, C, require_rate=5)["verdict"] == "fail"
+    assert exit_code(build_summary(rs, C, require_rate=1)) == EXIT_PASS
+    # an inconclusive search probe is the edge, like a failing one
+    probe = _behind(4)
+    probe.search_probe = True
+    assert build_summary([_r(1, True), _r(2, True), probe], C)["verdict"] == "pass"
+
+
+def test_report_and_csv_show_an_inconclusive_rate() -> None:
+    import csv
+    import io
+
+    from slo_loadtest.report import to_csv, to_markdown
+
+    s = build_summary([_r(1, True), _behind(2)], C)
+    md = to_markdown(s)
+    assert "- verdict: **INCONCLUSIVE**" in md
+    assert "**inconclusive rates** (video 2 req/s): the client fell behind" in md
+    assert "| video | 1 req/s | none | – | 2 req/s |" in md  # first inconclusive rate column
+    assert "| inconclusive | client fell behind: p95 dispatch delay 80 ms > 50 ms |" in md
+    rows = list(csv.DictReader(io.StringIO(to_csv(s))))
+    assert [r["verdict"] for r in rows] == ["pass", "inconclusive"]
+    assert [r["passed"] for r in rows] == ["True", "False"]  # the old column keeps its meaning
+    # a sweep without inconclusive rates keeps the old table
+    md = to_markdown(build_summary([_r(1, True)], C))
+    assert "first inconclusive rate" not in md and "inconclusive rates" not in md

@@ -3,7 +3,8 @@ in a cluster.
 
 Exit codes of ``run``, ``job`` and ``analyze``: 0 the verdict passed, 1 it failed (the required
 rate was not met; with no ``--require-rate``, some rate failed), 2 bad usage, 3 the sweep is
-incomplete (server unreachable or died, guidellm failed) and the report is partial. ``compare``:
+incomplete (server unreachable or died, guidellm failed) and the report is partial, or the
+verdict is inconclusive (it hangs on a rate where the client fell behind). ``compare``:
 0, or 2 on bad input. ``k8s``: 2 for no kubeconfig or a refused request, 3 for an unreachable
 API server or results not there yet (slo_loadtest.exit_codes).
 """
@@ -244,9 +245,11 @@ def _finish(
 
     paths = write_outputs(summary, out, with_plots=with_plots)
     for name, w in summary["workloads"].items():
-        hp = w["highest_passing_rate"]
+        hp, inc = w["highest_passing_rate"], w.get("first_inconclusive_rate")
         click.echo(
-            f"{name}: highest passing rate {'none' if hp is None else f'{hp:g} req/s'}", err=True
+            f"{name}: highest passing rate {'none' if hp is None else f'{hp:g} req/s'}"
+            + ("" if inc is None else f" (inconclusive from {inc:g} req/s: client fell behind)"),
+            err=True,
         )
     click.echo(f"verdict: {summary['verdict'].upper()}  ({paths['markdown']})", err=True)
     if pushgateway:
@@ -270,7 +273,9 @@ def _push(pushgateway: str, summary: dict[str, Any], job: str, release: str = ""
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    if not summary["complete"]:
+    # inconclusive (the client fell behind where the verdict depends on it) is not "the SLO
+    # failed": like a partial sweep, it needs a rerun, not a fix to the server
+    if not summary["complete"] or summary["verdict"] == "inconclusive":
         return EXIT_INCOMPLETE
     return EXIT_PASS if summary["verdict"] == "pass" else EXIT_FAIL
 

@@ -18,7 +18,13 @@ from typing import Any
 
 from slo_loadtest.outputs import CSV_NAME
 from slo_loadtest.summary import SUMMARY_NAME
-from slo_loadtest.verdict import STATUS_NOT_RUN, STATUS_OK, RateResult, highest_passing_rate
+from slo_loadtest.verdict import (
+    INCONCLUSIVE,
+    STATUS_NOT_RUN,
+    STATUS_OK,
+    RateResult,
+    highest_passing_rate,
+)
 
 MD_NAME = "compare.md"
 REQUIRED_COLUMNS = ("workload", "target_rate", "status", "passed", "latency_p95_ms")
@@ -36,6 +42,7 @@ class Point:
     passed: bool
     latency_p95_ms: float | None
     search_probe: bool
+    inconclusive: bool = False  # the client fell behind (the CSV's verdict column)
 
 
 @dataclass
@@ -52,7 +59,13 @@ class Config:
         rows = self.points.get(workload, {}).values()
         return highest_passing_rate(
             [
-                RateResult(workload=workload, target_rate=p.rate, status=p.status, passed=p.passed)
+                RateResult(
+                    workload=workload,
+                    target_rate=p.rate,
+                    status=p.status,
+                    passed=p.passed,
+                    inconclusive=p.inconclusive,
+                )
                 for p in rows
             ]
         )
@@ -156,6 +169,8 @@ def _point(row: dict[str, Any], where: str) -> Point:
         passed=_bool(row["passed"], "passed", where),
         latency_p95_ms=latency,
         search_probe=_bool(row.get("search_probe") or "false", "search_probe", where),
+        # older CSVs have no verdict column: pass/fail only
+        inconclusive=(row.get("verdict") or "").strip() == INCONCLUSIVE,
     )
 
 
@@ -205,7 +220,7 @@ def select_workloads(configs: list[Config], wanted: str | None) -> list[str]:
 
 # ---- Markdown ----------------------------------------------------------------------------------
 
-PASS, FAIL, ABSENT = "✓", "✗", "–"
+PASS, FAIL, ABSENT, UNDECIDED = "✓", "✗", "–", "?"
 
 
 def _esc(s: str) -> str:
@@ -226,7 +241,8 @@ def cell(p: Point | None) -> str:
         value = "no p95"
     else:
         value = f"{p.latency_p95_ms:.0f}"
-    return f"{value} {PASS if p.passed else FAIL}" + (" (search)" if p.search_probe else "")
+    mark = PASS if p.passed else (UNDECIDED if p.inconclusive else FAIL)
+    return f"{value} {mark}" + (" (search)" if p.search_probe else "")
 
 
 def _header(configs: list[Config]) -> str:
@@ -293,7 +309,8 @@ def to_markdown(configs: list[Config], workloads: list[str], plots: list[str]) -
         lines.append(f"- `{_esc(c.label)}`: `{c.path}` (SLO {c.slo_ms:g} ms from {c.slo_source})")
     lines += [
         f"- {PASS} passed, {FAIL} failed (as each run judged it: SLO, achieved rate, errors, "
-        f"client dispatch delay), {ABSENT} rate not run; (search) marks a search probe",
+        f"client dispatch delay), {UNDECIDED} inconclusive (the client fell behind, so the rate "
+        f"was not judged), {ABSENT} rate not run; (search) marks a search probe",
         "- highest passing rate: the highest rate such that it and every lower rate of that "
         "config passed",
         "",

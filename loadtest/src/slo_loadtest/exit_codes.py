@@ -6,8 +6,10 @@
 * 2 usage: bad arguments or input; for ``k8s``: no usable kubeconfig, or the API server refused
   the request (namespace not found, Job already exists, not allowed).
 * 3 incomplete: the sweep did not finish (server unreachable or died, guidellm failed,
-  interrupted) and the report is partial; for ``k8s``: the API server cannot be reached, or the
-  Job's results are not there (yet).
+  interrupted) and the report is partial; or it finished but its verdict is ``inconclusive``:
+  it hangs on a rate where the client fell behind (the load generator could not keep the
+  constant rate, so that rate was not judged; no rate failed outright where it mattered). For
+  ``k8s``: the API server cannot be reached, or the Job's results are not there (yet).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ one group per workload, all gauges, ``rate`` as the requested rate formatted wit
 * ``slo_loadtest_achieved_rps{workload,rate}``
 * ``slo_loadtest_error_ratio{workload,rate}``
 * ``slo_loadtest_slo_pass{workload}``: 1 when the workload's verdict passed (the required rate
-  was met, or with no requirement every rate passed, and the sweep completed), else 0
+  was met, or with no requirement every rate passed, and the sweep completed), else 0 (failed,
+  inconclusive or incomplete)
 * ``slo_loadtest_max_rate_within_slo{workload}``: the highest passing rate (0 when none)
 * ``slo_loadtest_last_run_timestamp_seconds{workload}``
 

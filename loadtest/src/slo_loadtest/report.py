@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slo_loadtest.verdict import MARGINAL, NO_CONTENT_HINT
+from slo_loadtest.verdict import INCONCLUSIVE, MARGINAL, NO_CONTENT_HINT, STATUS_OK
 
 CSV_COLUMNS = [
     "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
@@ -18,7 +18,7 @@ CSV_COLUMNS = [
     "latency_p95_ci_high_ms", "successful", "errored", "incomplete",
     "dispatch_delay_median_ms", "dispatch_delay_p95_ms", "prompt_tokens_mean",
     "output_tokens_mean", "duration_s", "stop_reason", "search_probe", "wall_s",
-    "guidellm_version", "reasons", "message", "notes",
+    "guidellm_version", "reasons", "message", "notes", "verdict",
 ]  # fmt: skip
 
 
@@ -29,8 +29,16 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         row.update(r.get("measurement") or {})
         row["reasons"] = "; ".join(r.get("reasons") or [])
         row["notes"] = "; ".join(r.get("notes") or [])
+        row["verdict"] = _rate_verdict(r)
         rows.append(row)
     return rows
+
+
+def _rate_verdict(r: Mapping[str, Any]) -> str:
+    """pass | fail | inconclusive, or the status of a rate without a measurement."""
+    if (r.get("status") or STATUS_OK) != STATUS_OK:
+        return str(r["status"])
+    return INCONCLUSIVE if r.get("inconclusive") else ("pass" if r.get("passed") else "fail")
 
 
 def to_csv(summary: Mapping[str, Any]) -> str:
@@ -65,10 +73,20 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     out: list[str] = []
     out.append("# SLO load test")
     out.append("")
+    rows = flat_rows(summary)
+    behind = [row for row in rows if row["verdict"] == INCONCLUSIVE]
     out.append(
         f"- verdict: **{summary['verdict'].upper()}**"
         + ("" if summary["complete"] else " (partial: the sweep did not finish)")
     )
+    if behind:
+        where = ", ".join(f"{row['workload']} {row['target_rate']:g}" for row in behind)
+        out.append(
+            f"- **inconclusive rates** ({where} req/s): the client fell behind (p95 dispatch "
+            f"delay > {c['max_dispatch_delay_ms']:g} ms), so the load generator, not the server, "
+            "set the pace and those rates were neither passed nor failed; rerun them from a "
+            "client with more CPU (or more --max-workers)"
+        )
     target, model = summary.get("target") or "–", summary.get("model") or "–"
     out.append(f"- target: `{target}`, model: `{model}`")
     out.append(
@@ -85,7 +103,6 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     extra_body = (summary.get("config") or {}).get("extra_body")
     if extra_body:
         out.append(f"- extra request body: `{json.dumps(extra_body, sort_keys=True)}`")
-    rows = flat_rows(summary)
     noted = [row for row in rows if row["notes"]]
     no_content = [
         r for r in summary["results"] if any(not n.startswith(MARGINAL) for n in r.get("notes", []))
@@ -115,8 +132,15 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
     out.append("")
     out.append("## Highest passing rate")
     out.append("")
-    out.append("| workload | highest passing rate | first failing rate | requirement met |")
-    out.append("|---|---|---|---|")
+    # the column only where some rate was inconclusive: most reports have none
+    inc_col = any(
+        w.get("first_inconclusive_rate") is not None for w in summary["workloads"].values()
+    )
+    out.append(
+        "| workload | highest passing rate | first failing rate | requirement met |"
+        + (" first inconclusive rate |" if inc_col else "")
+    )
+    out.append("|---|---|---|---|" + ("---|" if inc_col else ""))
     for name, w in summary["workloads"].items():
         req = w.get("requirement_met")
         hp, ff = w["highest_passing_rate"], w["first_failing_rate"]
@@ -124,6 +148,7 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
             f"| {name} | {_rate(hp)}{' (marginal)' if (name, hp) in marginal else ''} "
             f"| {_rate(ff)}{' (marginal)' if (name, ff) in marginal else ''} "
             f"| {'–' if req is None else ('yes' if req else 'no')} |"
+            + (f" {_rate(w.get('first_inconclusive_rate'))} |" if inc_col else "")
         )
     if marginal:
         out.append("")
@@ -152,7 +177,7 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
             f"| {_fmt(row.get('successful'))} / {_fmt(row.get('errored'))} / "
             f"{_fmt(row.get('incomplete'))} "
             f"| {_fmt(row.get('dispatch_delay_p95_ms'))} "
-            f"| {'yes' if row['passed'] else 'no'} | {why} |"
+            f"| {_PASS_CELL.get(row['verdict'], 'no')} | {why} |"
         )
     if noted:
         out.append("")
@@ -169,6 +194,9 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
             out.append(f"![{Path(p).stem}]({Path(p).name})")
     out.append("")
     return "\n".join(out)
+
+
+_PASS_CELL = {"pass": "yes", "fail": "no", INCONCLUSIVE: "inconclusive"}
 
 
 def _ci(row: Mapping[str, Any]) -> str:

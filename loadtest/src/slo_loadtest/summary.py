@@ -19,12 +19,17 @@ from slo_loadtest import __version__
 from slo_loadtest.config import Criteria
 from slo_loadtest.guidellm_adapter import Measurement
 from slo_loadtest.verdict import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
     STATUS_NOT_RUN,
     STATUS_OK,
     RateResult,
     first_failing_rate,
+    first_inconclusive_rate,
     highest_passing_rate,
     judge_result,
+    workload_verdict,
 )
 
 SCHEMA_VERSION = 1
@@ -61,25 +66,24 @@ def build_summary(
         per_workload[name] = {
             "highest_passing_rate": hp,
             "first_failing_rate": first_failing_rate(rs),
+            # the client could not keep this rate's schedule: not judged (verdict.py)
+            "first_inconclusive_rate": first_inconclusive_rate(rs),
             "rates_run": [r.target_rate for r in rs if r.status != STATUS_NOT_RUN],
             "requirement_met": (
                 None if not require_rate else (hp is not None and hp >= require_rate)
             ),
+            "verdict": workload_verdict(rs, require_rate),
         }
     incomplete = [r for r in results if r.status != STATUS_OK]
     complete = not incomplete and aborted is None
-    if require_rate:
-        met = all(w["requirement_met"] for w in per_workload.values()) and bool(per_workload)
-    else:
-        met = None
+    verdicts = {w["verdict"] for w in per_workload.values()}
     if not complete:
         verdict = "incomplete"
-    elif met is None:
-        # search probes are expected to fail at the edge; the listed rates decide
-        listed = [r for r in results if not r.search_probe]
-        verdict = "pass" if listed and all(r.passed for r in listed) else "fail"
+    elif not verdicts or FAIL in verdicts:
+        verdict = FAIL
     else:
-        verdict = "pass" if met else "fail"
+        # a failure anywhere decides; otherwise an inconclusive rate the verdict hangs on does
+        verdict = INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
     failing = next((r for r in results if r.status not in (STATUS_OK, STATUS_NOT_RUN)), None)
     return {
         "schema_version": SCHEMA_VERSION,

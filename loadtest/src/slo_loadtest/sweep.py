@@ -29,6 +29,7 @@ from slo_loadtest.verdict import (
     STATUS_OK,
     RateResult,
     judge_result,
+    rate_verdict,
 )
 
 Log = Callable[[str], None]
@@ -321,7 +322,7 @@ class Sweep:
 
         notes = "".join(f"\n{head} note: {n} ({NO_CONTENT_HINT})" for n in r.notes)
         return (
-            f"{head} {'PASS' if r.passed else 'FAIL'} achieved "
+            f"{head} {rate_verdict(r).upper()} achieved "
             f"{(m.achieved_rate or 0):.2f} req/s, TTFT p95 {f(m.ttft_p95_ms)} ms, "
             f"total p95 {f(m.latency_p95_ms)} ms, ok/err/inc {m.successful}/{m.errored}/"
             f"{m.incomplete}, dispatch p95 {f(m.dispatch_delay_p95_ms)} ms"

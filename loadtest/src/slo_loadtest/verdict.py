@@ -7,7 +7,9 @@ A rate passes when all of these hold:
 * errored requests <= 1 % of all requests (``--max-error-ratio``; 0: none allowed);
 * the client kept up: p95 of guidellm's request dispatch delay (how late a request left the
   client compared with its schedule) <= 50 ms. Above that the client, not the server, set the
-  pace and the latencies are not those of the target rate (coordinated omission);
+  pace and the latencies are not those of the target rate (coordinated omission), so such a rate
+  is *inconclusive*: neither passed nor failed (``RateResult.inconclusive``), whatever else its
+  numbers say;
 * at most ``ceil(rate x SLO) + 1`` requests were left incomplete when the duration ended: more
   means requests older than the SLO were still running, which the latency percentiles of the
   successful requests cannot show;
@@ -23,7 +25,9 @@ streams none, because vLLM drops special tokens from streamed text, so those col
 (or ITL reads 0) although the total latency, which the SLO judges, is measured.
 
 A workload's *highest passing rate* is the highest tested rate such that it and every lower
-tested rate passed, so one lucky rate above a failing one does not count.
+tested rate passed, so one lucky rate above a failing one does not count; an inconclusive rate
+ends it as a failure would. A workload's verdict (:func:`workload_verdict`) is ``inconclusive``
+only when its outcome depends on an inconclusive rate: a definite failure still fails it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ STATUS_TIMEOUT = "timeout"  # killed by our wall-time bound
 STATUS_ERROR = "error"  # guidellm failed / server unreachable
 STATUS_NOT_RUN = "not_run"  # the sweep stopped before this rate
 
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+BEHIND = "client fell behind"  # how the reason that makes a rate inconclusive starts
+
 
 @dataclass
 class RateResult:
@@ -55,6 +62,8 @@ class RateResult:
     wall_s: float | None = None
     search_probe: bool = False
     notes: list[str] = field(default_factory=list)
+    # the client could not keep the schedule: not judged (see the module doc)
+    inconclusive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -93,7 +102,7 @@ def judge(m: Measurement, c: Criteria) -> tuple[bool, list[str]]:
         reasons.append(f"errors {m.errored}/{total} > {c.max_error_ratio:.0%}{top}")
     if m.dispatch_delay_p95_ms is not None and m.dispatch_delay_p95_ms > c.max_dispatch_delay_ms:
         reasons.append(
-            f"client fell behind: p95 dispatch delay {m.dispatch_delay_p95_ms:.0f} ms > "
+            f"{BEHIND}: p95 dispatch delay {m.dispatch_delay_p95_ms:.0f} ms > "
             f"{c.max_dispatch_delay_ms:g} ms"
         )
     allowed = allowed_incomplete(m.target_rate, c.slo_ms)
@@ -159,6 +168,7 @@ def marginal_notes(m: Measurement, c: Criteria) -> list[str]:
 
 
 def judge_result(r: RateResult, c: Criteria) -> RateResult:
+    r.inconclusive = False
     if r.status != STATUS_OK or r.measurement is None:
         r.passed = False
         r.notes = []
@@ -166,25 +176,60 @@ def judge_result(r: RateResult, c: Criteria) -> RateResult:
             r.reasons = [r.message or r.status]
         return r
     r.passed, r.reasons = judge(r.measurement, c)
+    # the other reasons stay listed, but they describe the client's pace, not the target rate's
+    r.inconclusive = any(x.startswith(BEHIND) for x in r.reasons)
     r.notes = marginal_notes(r.measurement, c) + content_notes(r.measurement)
     return r
 
 
-def highest_passing_rate(results: list[RateResult]) -> float | None:
+def rate_verdict(r: RateResult) -> str:
+    """pass | fail | inconclusive, or the status of a rate that produced no measurement."""
+    if r.status != STATUS_OK:
+        return r.status
+    return INCONCLUSIVE if r.inconclusive else (PASS if r.passed else FAIL)
+
+
+def _ran(results: list[RateResult]) -> list[RateResult]:
+    return sorted((r for r in results if r.status != STATUS_NOT_RUN), key=lambda r: r.target_rate)
+
+
+def highest_passing_rate(results: list[RateResult], optimistic: bool = False) -> float | None:
+    """``optimistic``: as if every inconclusive rate had passed (what the rate could be)."""
     best: float | None = None
-    for r in sorted(
-        (r for r in results if r.status != STATUS_NOT_RUN), key=lambda r: r.target_rate
-    ):
-        if not r.passed:
+    for r in _ran(results):
+        if not (r.passed or (optimistic and r.inconclusive)):
             break
         best = r.target_rate
     return best
 
 
 def first_failing_rate(results: list[RateResult]) -> float | None:
-    for r in sorted(
-        (r for r in results if r.status != STATUS_NOT_RUN), key=lambda r: r.target_rate
-    ):
-        if not r.passed:
+    """The lowest rate that failed outright (an inconclusive rate did not)."""
+    for r in _ran(results):
+        if not r.passed and not r.inconclusive:
             return r.target_rate
     return None
+
+
+def first_inconclusive_rate(results: list[RateResult]) -> float | None:
+    return next((r.target_rate for r in _ran(results) if r.inconclusive), None)
+
+
+def workload_verdict(results: list[RateResult], require_rate: float | None = None) -> str:
+    """pass, fail, or inconclusive when the outcome hangs on a rate the client could not keep.
+
+    With a required rate: pass when it is met; fail when it would not be met even had every
+    inconclusive rate passed. Without: pass when every listed rate (search probes are expected
+    to fail at the edge) passed; fail when one failed outright."""
+    if require_rate:
+        hp = highest_passing_rate(results)
+        if hp is not None and hp >= require_rate:
+            return PASS
+        best = highest_passing_rate(results, optimistic=True)
+        return INCONCLUSIVE if best is not None and best >= require_rate else FAIL
+    listed = [r for r in _ran(results) if not r.search_probe]
+    if not listed:
+        return FAIL
+    if all(r.passed for r in listed):
+        return PASS
+    return INCONCLUSIVE if all(r.passed or r.inconclusive for r in listed) else FAIL
