@@ -140,3 +140,39 @@ def test_bad_env_value_does_not_register(monkeypatch):
     monkeypatch.setattr(plugin, "_registered", False)
     plugin.register()  # logs, does not raise
     assert not plugin._registered
+
+
+HOOKS = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.multimodal.video import VIDEO_LOADER_REGISTRY
+from vllm.multimodal.media.video import VideoMediaIO
+from vllm.multimodal.video_decoders import opencv
+from transformers.models.gemma4.image_processing_gemma4 import Gemma4ImageProcessor
+hooks = {
+    "video_guard": getattr(VideoMediaIO.load_bytes, "_gemma4_media_guard", False),
+    "fast_processor": getattr(Gemma4ImageProcessor._preprocess, "_gemma4_media_patched", False),
+    "count_check": getattr(opencv.decode_opencv, "_gemma4_count_check", False),
+}
+print("HOOKS", sorted(k for k, v in hooks.items() if v))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "hooks"),
+    [
+        ({}, ["count_check", "fast_processor", "video_guard"]),
+        ({"GEMMA4_ENCODER_DISABLE": "1"}, []),
+    ],
+    ids=["enabled", "disabled"],
+)
+def test_disable_installs_no_media_hooks(env, hooks):
+    """GEMMA4_ENCODER_DISABLE=1 is stock vLLM: neither the encoder nor any media hook (video
+    payload guard, fast processor, count check) is installed by vLLM's own plugin loader."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("GEMMA4_", "VLLM_PLUG"))}
+    full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", HOOKS], env=full_env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"HOOKS {hooks}" in proc.stdout, proc.stdout[-2000:]

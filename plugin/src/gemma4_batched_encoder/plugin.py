@@ -4,7 +4,8 @@ vLLM calls ``register()`` in every process it starts (API server, engine core, w
 more than once. For the encoder it only records a lazy ``module:Class`` string, so nothing heavy
 (CUDA, the model module) is imported here; the version gate runs when vLLM first imports the
 model class. It also calls the ``install()`` of the package's media hooks (``media_guard``,
-``media``), which decide per process whether they apply.
+``media``), which decide per process whether they apply. ``GEMMA4_ENCODER_DISABLE=1`` skips
+all of it: vLLM then runs as if this general plugin were not installed.
 """
 
 from __future__ import annotations
@@ -23,12 +24,6 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    _register_encoder()
-    _install_media_hooks()
-
-
-def _register_encoder() -> None:
-    global _registered
     try:
         settings = Settings.from_env()
     except ValueError:
@@ -37,12 +32,20 @@ def _register_encoder() -> None:
             "gemma4_batched_encoder: bad environment setting; encoder not registered",
             exc_info=True,
         )
+        _install_media_hooks()  # the media switches are read (and checked) on their own
         return
     if settings.disabled:
+        # Disabled means stock vLLM: no encoder override and no media hooks either.
         logger.info(
-            "gemma4_batched_encoder: disabled by GEMMA4_ENCODER_DISABLE; stock encoder in use"
+            "gemma4_batched_encoder: disabled by GEMMA4_ENCODER_DISABLE; stock encoder and "
+            "media path in use"
         )
         return
+    _register_encoder()
+    _install_media_hooks()
+
+
+def _register_encoder() -> None:
     from vllm import ModelRegistry
 
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
