@@ -103,7 +103,39 @@ def test_info_names_fast_modes_layers_in_force():
     labels = {"mode": "fast", "cuda_graphs": "false", "vllm_version": "0.32.0"}
     assert sample(before, "gemma4_encoder_info", fast_kernels="merged", **labels) == 1
     assert sample(after, "gemma4_encoder_info", fast_kernels="eager", **labels) == 1
-    assert 'fast_kernels="merged"' not in after
+    assert sample(after, "gemma4_encoder_info", fast_kernels="merged", **labels) == 0
+
+
+INFO_SCRIPT = """
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from gemma4_batched_encoder.metrics import set_info
+set_info("fast", True, "0.32.0", "0.1.0", fast_kernels="merged")
+set_info("fast", True, "0.32.0", "0.1.0", fast_kernels="eager")
+set_info("fast", True, "0.32.0", "0.1.0", fast_kernels="eager")
+registry = CollectorRegistry()
+MultiProcessCollector(registry)
+print(generate_latest(registry).decode())
+"""
+
+
+def test_info_change_in_multiprocess_mode_leaves_one_label_set_at_1(tmp_path):
+    """vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR's files, where Gauge.clear() removes
+    nothing: the replaced label set must read 0, the one in force 1."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": SRC}
+    proc = subprocess.run(
+        [sys.executable, "-c", INFO_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    labels = {"mode": "fast", "cuda_graphs": "true", "vllm_version": "0.32.0"}
+    assert sample(proc.stdout, "gemma4_encoder_info", fast_kernels="eager", **labels) == 1
+    assert sample(proc.stdout, "gemma4_encoder_info", fast_kernels="merged", **labels) == 0
+    ones = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith("gemma4_encoder_info{") and line.endswith(" 1.0")
+    ]
+    assert len(ones) == 1, ones
 
 
 def test_calls_items_seconds_fallbacks(exposition):

@@ -140,6 +140,9 @@ def get_metrics() -> EncoderMetrics:
         return _metrics
 
 
+_info_labels: dict[str, str] | None = None  # the label set set_info last set to 1
+
+
 def set_info(
     mode: str,
     cuda_graphs: bool,
@@ -148,13 +151,21 @@ def set_info(
     fast_kernels: str = "none",
 ) -> None:
     """The encoder in force; ``fast_kernels``: fast mode's layers in force
-    (``BatchedVisionEncoder.fast_kernels_in_force``), "none" in the other modes."""
+    (``BatchedVisionEncoder.fast_kernels_in_force``), "none" in the other modes.
+
+    A replaced label set is set to 0, not removed: ``Gauge.clear()``/``remove()`` do nothing to
+    the files of multiprocess mode (vLLM's /metrics), where the old set would stay at 1."""
+    global _info_labels
+    labels = {
+        "mode": mode,
+        "fast_kernels": fast_kernels if mode == "fast" else "none",
+        "cuda_graphs": "true" if cuda_graphs else "false",
+        "vllm_version": vllm_version,
+        "plugin_version": plugin_version,
+    }
     info = get_metrics().info
-    info.clear()
-    info.labels(
-        mode=mode,
-        fast_kernels=fast_kernels if mode == "fast" else "none",
-        cuda_graphs="true" if cuda_graphs else "false",
-        vllm_version=vllm_version,
-        plugin_version=plugin_version,
-    ).set(1)
+    with _lock:
+        if _info_labels is not None and _info_labels != labels:
+            info.labels(**_info_labels).set(0)
+        info.labels(**labels).set(1)
+        _info_labels = labels
