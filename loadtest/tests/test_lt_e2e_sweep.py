@@ -24,8 +24,10 @@ def test_short_sweep_against_real_vllm(vllm_server, tmp_path: Path) -> None:
         "--max-workers", "1", "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
-    assert proc.returncode in (0, 1), proc.stderr  # pass or fail on the SLO, never incomplete
     s = json.loads((out / "summary.json").read_text())
+    # pass or fail on the SLO, never incomplete; inconclusive (exit 3) only if this busy machine
+    # could not send even 1 req/s on time
+    assert proc.returncode in (0, 1) or s["verdict"] == "inconclusive", proc.stderr
     assert s["schema_version"] == 1 and s["complete"] and s["guidellm_version"] == "0.8.1"
     assert s["model"] == vllm_server.model
     assert [(r["workload"], r["target_rate"], r["status"]) for r in s["results"]] == [
@@ -52,7 +54,21 @@ def test_short_sweep_against_real_vllm(vllm_server, tmp_path: Path) -> None:
         assert (out / "steps" / f"{w}-r0p5" / "guidellm-report.json").exists()
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 4
-    assert "Highest passing rate" in (out / "report.md").read_text()
+    # the run's configuration in every row, after the measurements
+    for row in rows:
+        assert row["config_target"] == vllm_server.url.rstrip("/")
+        assert row["config_model"] == vllm_server.model
+        assert (row["config_rates"], row["config_duration_s"]) == ("0.5,1", "8")
+        assert (row["config_prompt_tokens"], row["config_output_tokens"]) == ("100", "10")
+        assert row["config_video_frames"] == "2" and row["config_slo_ms"] == "300"
+        assert row["config_started_at"] <= s["created_at"] and row["tool_version"]
+    md = (out / "report.md").read_text()
+    assert "Highest passing rate" in md
+    config = md.split("## Configuration", 1)[1]
+    assert "| rates (req/s) | 0.5, 1 |" in config and "| duration per rate | 8 s |" in config
+    assert "| video | 2 frames, 64x48 at 2 fps, mpeg4 |" in config
+    assert f"| started | {s['config']['started_at']} |" in config
+    assert "| guidellm | 0.8.1 |" in config
     assert (out / "latency-vs-rate.png").stat().st_size > 5000
 
 
@@ -66,7 +82,8 @@ def _one_rate(vllm_server, out: Path, workload: str, *args: str) -> Path:
         "--tokenizer", str(vllm_server.model_path), "--max-workers", "1", "--out", str(out), *args,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode in (0, 1), proc.stderr
+    verdict = json.loads((out / "summary.json").read_text())["verdict"]
+    assert proc.returncode in (0, 1) or verdict == "inconclusive", proc.stderr
     return out
 
 

@@ -136,7 +136,7 @@ def test_report_says_plainly_that_no_content_streamed() -> None:
     assert "| video | 10 | 9.90 | – / – / – |" in md
     assert "| yes | see Notes |" in md
     assert "| no | p95 latency 900 ms > SLO 300 ms; see Notes |" in md
-    assert "extra request body" not in md
+    assert "- extra request body" not in md  # the bullet; the Configuration table says none
     assert "no streamed content arrived" in to_csv(s).splitlines()[2]
     assert s["verdict"] == "fail" and s["workloads"]["video"]["highest_passing_rate"] == 10
     # a healthy sweep has neither the bullet nor the Notes section; the extra body is named

@@ -195,10 +195,11 @@ def cli() -> None:
 def _do_run(values: dict[str, Any], with_plots: bool, print_summary: bool | None) -> int:
     from slo_loadtest import guidellm_adapter as gl
     from slo_loadtest.outputs import summary_block
-    from slo_loadtest.summary import build_summary
+    from slo_loadtest.summary import build_summary, now_iso
     from slo_loadtest.sweep import Sweep, config_record
 
     cfg = build_config(values)
+    started_at = now_iso()
     # SIGTERM (a Job's deadline, `kubectl delete`) ends the sweep like Ctrl-C: the running
     # guidellm is killed and the partial report is still written.
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -210,7 +211,12 @@ def _do_run(values: dict[str, Any], with_plots: bool, print_summary: bool | None
         target=cfg.target,
         model=outcome.model,
         guidellm_version=gl.guidellm_version(),
-        config={**config_record(cfg, outcome.seed), "timings": outcome.timings},
+        config={
+            **config_record(cfg, outcome.seed),
+            "started_at": started_at,
+            "tool_version": __version__,
+            "timings": outcome.timings,
+        },
         require_rate=cfg.require_rate or None,
         aborted=outcome.aborted,
         source="run",
@@ -479,6 +485,9 @@ def compare(configs: tuple[str, ...], out: Path, slo_ms: float, workloads: str |
         plots.append(str(plot_compare(w, series, cmp.slo_lines(loaded, w), path)))
     md = out / cmp.MD_NAME
     md.write_text(cmp.to_markdown(loaded, names, plots))
+    # runs with other settings (output tokens, duration, SLO, model, ...) are not like for like
+    for line in cmp.config_warnings(loaded, names):
+        click.echo(f"warning: {line}", err=True)
     click.echo("\n".join(cmp.tables(loaded, names)))
     click.echo(f"wrote {md} and {len(plots)} plot(s)", err=True)
 

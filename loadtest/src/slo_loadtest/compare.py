@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slo_loadtest import run_config
 from slo_loadtest.outputs import CSV_NAME
 from slo_loadtest.summary import SUMMARY_NAME
 from slo_loadtest.verdict import (
@@ -52,6 +53,8 @@ class Config:
     csv_path: Path
     slo_ms: float
     slo_source: str  # where slo_ms came from
+    # the run configuration (run_config.flat); None where the run recorded none (older runs)
+    settings: dict[str, str] | None = None
     points: dict[str, dict[float, Point]] = field(default_factory=dict)  # workload -> rate -> point
 
     def highest_passing(self, workload: str) -> float | None:
@@ -107,12 +110,18 @@ def load_config(label: str, path: str, default_slo_ms: float) -> Config:
         raise CompareError(f"{where}: no such file or directory")
     # the summary beside a results.csv is the same run's
     summary = csv_path.parent / SUMMARY_NAME if csv_path.name == CSV_NAME else None
+    settings: dict[str, str] | None = None
     if summary is not None and summary.is_file():
-        slo_ms, source = _summary_slo(summary, where), SUMMARY_NAME
+        data = _read_summary(summary, where)
+        slo_ms, source = _summary_slo(data, summary, where), SUMMARY_NAME
+        settings = run_config.flat(data)
     else:
         slo_ms, source = default_slo_ms, "--slo-ms (no summary.json)"
-    cfg = Config(label, path, csv_path, slo_ms, source)
-    for row in _read_rows(csv_path, where):
+    rows = _read_rows(csv_path, where)
+    if settings is None:
+        settings = run_config.from_csv_row(rows[0])
+    cfg = Config(label, path, csv_path, slo_ms, source, settings)
+    for row in rows:
         pt = _point(row, where)
         rates = cfg.points.setdefault(row["workload"], {})
         if pt.rate in rates:
@@ -121,11 +130,19 @@ def load_config(label: str, path: str, default_slo_ms: float) -> Config:
     return cfg
 
 
-def _summary_slo(path: Path, where: str) -> float:
+def _read_summary(path: Path, where: str) -> dict[str, Any]:
     try:
-        slo = json.loads(path.read_text())["criteria"]["slo_ms"]
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CompareError(f"{where}: cannot read {path.name} ({exc})") from None
+    if not isinstance(data, dict):
+        raise CompareError(f"{where}: {path.name} is not a JSON object")
+    return data
+
+
+def _summary_slo(data: dict[str, Any], path: Path, where: str) -> float:
+    try:
+        slo = data["criteria"]["slo_ms"]
     except (KeyError, TypeError):
         raise CompareError(f"{where}: {path.name} has no criteria.slo_ms") from None
     if not isinstance(slo, int | float) or isinstance(slo, bool) or not slo > 0:
@@ -295,6 +312,56 @@ def slo_lines(configs: list[Config], workload: str) -> list[tuple[float, str]]:
     return [(slo, f"SLO {slo:g} ms ({', '.join(labels)})") for slo, labels in by_slo.items()]
 
 
+def config_differences(configs: list[Config], workloads: list[str]) -> dict[str, dict[str, str]]:
+    """key -> {label: value} for every compared setting whose recorded values differ."""
+    return run_config.differences({c.label: c.settings for c in configs}, workloads)
+
+
+def config_warnings(configs: list[Config], workloads: list[str]) -> list[str]:
+    """Plain lines (no 'warning:' prefix): first where the runs are not like for like, one line
+    per differing setting, then the runs whose settings could not be checked."""
+    lines = []
+    diffs = config_differences(configs, workloads)
+    if diffs:
+        lines.append(
+            f"the configurations differ in {', '.join(diffs)}: these runs are not like for like, "
+            "so a difference in latency may come from the settings, not the server"
+        )
+        for key, values in diffs.items():
+            lines.append(f"{key}: " + ", ".join(f"{lab} {v}" for lab, v in values.items()))
+    lines += _unchecked(configs)
+    return lines
+
+
+def _unchecked(configs: list[Config]) -> list[str]:
+    unknown = [c.label for c in configs if c.settings is None]
+    if not unknown or len(configs) < 2:
+        return []
+    return [
+        f"{', '.join(unknown)}: no recorded configuration (an older run: no summary.json and no "
+        "config_ columns in results.csv), so its settings were not checked"
+    ]
+
+
+def config_table(configs: list[Config], workloads: list[str]) -> list[str]:
+    """The compared settings of every config; a differing row is marked."""
+    diffs = config_differences(configs, workloads)
+    lines = [
+        "## Configuration",
+        "",
+        "| setting " + _header(configs) + " differs |",
+        "|---" * (len(configs) + 2) + "|",
+    ]
+    for key in run_config.compared_keys(workloads):
+        cells = [
+            _esc(c.settings.get(key) or "not recorded") if c.settings else ABSENT for c in configs
+        ]
+        lines.append(
+            f"| {key} | " + " | ".join(cells) + f" | {'**yes**' if key in diffs else ''} |"
+        )
+    return lines
+
+
 def tables(configs: list[Config], workloads: list[str]) -> list[str]:
     """The part printed on stdout: the SLO and every table."""
     lines = [slo_line(configs), ""]
@@ -305,6 +372,13 @@ def tables(configs: list[Config], workloads: list[str]) -> list[str]:
 
 def to_markdown(configs: list[Config], workloads: list[str], plots: list[str]) -> str:
     lines = ["# Sweep comparison", ""]
+    diffs = config_differences(configs, workloads)
+    if diffs:
+        head, *each = config_warnings(configs, workloads)[: len(diffs) + 1]
+        lines += [f"**Warning: {_esc(head)}** (see Configuration):", ""]
+        lines += [*(f"- {_esc(w)}" for w in each), ""]
+    lines += [f"Note: {_esc(w)}." for w in _unchecked(configs)]
+    lines += [""] if _unchecked(configs) else []
     for c in configs:
         lines.append(f"- `{_esc(c.label)}`: `{c.path}` (SLO {c.slo_ms:g} ms from {c.slo_source})")
     lines += [
@@ -315,6 +389,8 @@ def to_markdown(configs: list[Config], workloads: list[str], plots: list[str]) -
         "config passed",
         "",
         *tables(configs, workloads),
+        "",
+        *config_table(configs, workloads),
     ]
     if plots:
         lines += ["", "## Plots", ""]

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slo_loadtest import run_config
 from slo_loadtest.verdict import INCONCLUSIVE, MARGINAL, NO_CONTENT_HINT, STATUS_OK
 
 CSV_COLUMNS = [
@@ -19,6 +20,9 @@ CSV_COLUMNS = [
     "dispatch_delay_median_ms", "dispatch_delay_p95_ms", "prompt_tokens_mean",
     "output_tokens_mean", "duration_s", "stop_reason", "search_probe", "wall_s",
     "guidellm_version", "reasons", "message", "notes", "verdict",
+    # the run's configuration, the same in every row (run_config.py): last, so readers of the
+    # columns above by position or by name keep working
+    *run_config.CSV_COLUMNS,
 ]  # fmt: skip
 
 
@@ -30,6 +34,8 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         row["reasons"] = "; ".join(r.get("reasons") or [])
         row["notes"] = "; ".join(r.get("notes") or [])
         row["verdict"] = _rate_verdict(r)
+        # a rate's own version, else the run's (a hand-built or older result has none)
+        row["guidellm_version"] = row.get("guidellm_version") or summary.get("guidellm_version")
         rows.append(row)
     return rows
 
@@ -45,8 +51,9 @@ def to_csv(summary: Mapping[str, Any]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
+    config = run_config.csv_cells(summary)
     for row in flat_rows(summary):
-        w.writerow({k: _csv_value(row.get(k)) for k in CSV_COLUMNS})
+        w.writerow({k: _csv_value(row.get(k)) for k in CSV_COLUMNS} | config)
     return buf.getvalue()
 
 
@@ -186,6 +193,10 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
         for row in noted:
             probe = " (search)" if row.get("search_probe") else ""
             out.append(f"- {row['workload']} {row['target_rate']:g} req/s{probe}: {row['notes']}")
+    out += ["", "## Configuration", "", "| setting | value |", "|---|---|"]
+    for key, value in run_config.markdown_rows(summary):
+        cell = value.replace("|", "\\|")  # a | in a value would end the table cell
+        out.append(f"| {key} | {cell} |")
     if plots:
         out.append("")
         out.append("## Plots")

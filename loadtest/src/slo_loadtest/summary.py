@@ -18,6 +18,7 @@ from typing import Any
 from slo_loadtest import __version__
 from slo_loadtest.config import Criteria
 from slo_loadtest.guidellm_adapter import Measurement
+from slo_loadtest.run_config import redact_url
 from slo_loadtest.verdict import (
     FAIL,
     INCONCLUSIVE,
@@ -91,7 +92,7 @@ def build_summary(
         "guidellm_version": guidellm_version,
         "created_at": created_at or now_iso(),
         "source": source,
-        "target": target,
+        "target": redact_url(target),
         "model": model,
         "criteria": asdict(criteria),
         "require_rate": require_rate or None,

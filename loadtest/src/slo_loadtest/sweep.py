@@ -22,6 +22,7 @@ from typing import Any
 from slo_loadtest import guidellm_adapter as gl
 from slo_loadtest.config import SweepConfig
 from slo_loadtest.dataset import Dataset, DatasetWriter
+from slo_loadtest.run_config import redact_url
 from slo_loadtest.verdict import (
     NO_CONTENT_HINT,
     STATUS_ERROR,
@@ -160,7 +161,7 @@ class Sweep:
     def run(self) -> SweepOutcome:
         cfg = self.cfg
         self.log(
-            f"slo-loadtest: target {cfg.target}, workloads {','.join(cfg.workloads)}, "
+            f"slo-loadtest: target {redact_url(cfg.target)}, workloads {','.join(cfg.workloads)}, "
             f"rates {','.join(f'{r:g}' for r in cfg.rates)}, {cfg.duration_s:g} s each"
         )
         if cfg.extra_body:
@@ -448,6 +449,8 @@ def config_record(cfg: SweepConfig, seed: int) -> dict[str, Any]:
     """The configuration as stored in the summary (no secrets)."""
     d = asdict(cfg)
     d.pop("api_key", None)
+    d["target"] = redact_url(cfg.target)
+    d["pushgateway"] = redact_url(cfg.pushgateway)
     d["seed"] = seed
     d["out"] = str(cfg.out)
     d["data_dir"] = str(cfg.effective_data_dir)
