@@ -136,7 +136,20 @@ def loadtest_mode(desc: str, standalone: bool) -> dict[str, Any]:
         "keepResultsSeconds": integer("Seconds the pod keeps /results after the run"),
     }
     if standalone:
-        props["ttlSecondsAfterFinished"] = integer("Delete the finished Job after (s)")
+        # an integer too: `--set loadtest.job.runId=$(date +%Y%m%d%H%M)` arrives as a number
+        props["runId"] = {
+            "type": ["string", "integer"],
+            "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            "maxLength": 20,
+            "minimum": 0,
+            "description": "Names the standalone Job (<fullname>-loadtest-<runId>): "
+            "it runs once per runId",
+        }
+        props["ttlSecondsAfterFinished"] = {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "description": "Delete the finished Job after (s); null = keep it",
+        }
     return obj(props, required=["enabled", "activeDeadlineSeconds", "keepResultsSeconds"])
 
 

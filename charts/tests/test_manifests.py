@@ -756,10 +756,10 @@ def test_loadtest_helm_test_hook():
 def test_loadtest_standalone_job():
     docs = render("autoscaling-multi-replica")
     job = loadtest_jobs(docs)["job"]
-    assert re.fullmatch(rf"{FULLNAME}-loadtest-r\d+", job["metadata"]["name"])
+    assert job["metadata"]["name"] == f"{FULLNAME}-loadtest-baseline"  # loadtest.job.runId
     assert "annotations" not in job["metadata"]
     spec = job["spec"]
-    assert spec["ttlSecondsAfterFinished"] == 86400
+    assert "ttlSecondsAfterFinished" not in spec  # kept: see test_loadtest_runs.py
     assert spec["activeDeadlineSeconds"] == 3600
     assert pod_spec(job)["restartPolicy"] == "Never"
     env = env_of(pod_spec(job)["containers"][0])

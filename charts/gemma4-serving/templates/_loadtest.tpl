@@ -1,6 +1,7 @@
 {{/*
 The load-test Job spec, shared by the standalone Job (loadtest-job.yaml) and the `helm test`
-hook (tests/loadtest-test.yaml). Call with (dict "ctx" $ "mode" .Values.loadtest.job).
+hook (tests/loadtest-test.yaml). Call with (dict "ctx" $ "mode" .Values.loadtest.job), plus
+"ttl" (ttlSecondsAfterFinished) and "runId" (the standalone Job's run, a pod label) where set.
 */}}
 {{- define "gemma4-serving.loadtestJobSpec" -}}
 {{- $ := .ctx }}
@@ -34,9 +35,15 @@ ttlSecondsAfterFinished: {{ . }}
 {{- end }}
 template:
   metadata:
+    # Fixed labels only (no chart version, appVersion or commonLabels, which are on the Job): the
+    # pod template of a Job is immutable, and the standalone Job must render the same spec on
+    # every upgrade that keeps its runId.
     labels:
-      {{- include "gemma4-serving.labels" $ | nindent 6 }}
-      app.kubernetes.io/component: loadtest
+      {{- include "gemma4-serving.loadtestSelectorLabels" $ | nindent 6 }}
+      app.kubernetes.io/part-of: gemma4-serving
+      {{- with .runId }}
+      gemma4-serving/loadtest-run: {{ . | quote }}
+      {{- end }}
   spec:
     restartPolicy: Never
     serviceAccountName: {{ include "gemma4-serving.serviceAccountName" $ }}
