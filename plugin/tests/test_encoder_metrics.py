@@ -157,3 +157,75 @@ def test_cuda_graph_counts(exposition):
     assert "# TYPE gemma4_encoder_cuda_graphs gauge" in exposition
     assert sample(exposition, "gemma4_encoder_cuda_graphs", state="captured") == 3
     assert sample(exposition, "gemma4_encoder_cuda_graphs", state="failed") == 1
+
+
+TP_SCRIPT = """
+import sys
+from gemma4_batched_encoder.metrics import records_metrics
+before = records_metrics()  # no model-parallel groups yet (verify, bench): records
+rank, port = int(sys.argv[1]), sys.argv[2]
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed.parallel_state import (
+    init_distributed_environment, initialize_model_parallel,
+)
+with set_current_vllm_config(VllmConfig()):
+    init_distributed_environment(
+        world_size=2, rank=rank, local_rank=rank, backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+    )
+    initialize_model_parallel(tensor_model_parallel_size=2)
+from gemma4_batched_encoder import engine_graph_ranges
+from gemma4_batched_encoder import synthetic as S
+from gemma4_batched_encoder.runtime import EncoderRuntime
+from gemma4_batched_encoder.settings import Settings
+vt = S.build_vision_tower(S.vision_config_kwargs("tiny"))
+rt = EncoderRuntime(vt, Settings(), True, "0.32.0")
+pvs, pps = S.make_batch([S.Media("frame", (21, 27), 70)] * 2, 768, 3)
+rt.begin_call(frames=2, images=0)
+rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
+rt.run(lambda a: 1 / 0, lambda a: [], None)
+rt.end_call()
+engine_graph_ranges._count_refusal()
+print("RECORDS", rank, before, records_metrics())
+"""
+
+
+def test_tensor_parallel_ranks_record_once(tmp_path):
+    """Two real tensor-parallel ranks (vLLM's own groups, gloo on the CPU) run the same encoder
+    call: only rank 0 records, so /metrics counts one call, not one per rank."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    mp = tmp_path / "prom-mp"
+    mp.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp), "PYTHONPATH": SRC}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TP_SCRIPT, str(rank), port],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        outs.append(out)
+    assert "RECORDS 0 True True" in outs[0]
+    assert "RECORDS 1 True False" in outs[1]
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(mp))
+    text = generate_latest(registry).decode()
+    assert sample(text, "gemma4_encoder_calls_total", path="stock") == 1  # the fallback's call
+    assert sample(text, "gemma4_encoder_items_per_call_sum", kind="frame") == 2
+    assert sample(text, "gemma4_encoder_fallbacks_total", reason="ZeroDivisionError") == 1
+    assert sample(text, "gemma4_engine_full_graph_refusals_total") == 1
+    assert sample(text, "gemma4_encoder_info", mode="exact", vllm_version="0.32.0") == 1

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .log import logger
-from .metrics import get_metrics
+from .metrics import get_metrics, records_metrics
 from .settings import GRAPH_RANGES_ON as AUTO_WIDTH
 
 ENV = "GEMMA4_ENGINE_GRAPH_RANGES"
@@ -206,7 +206,8 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
 
 def _count_refusal() -> None:
     try:
-        get_metrics().full_graph_refusals.inc()
+        if records_metrics():  # every TP rank's runner refuses the same step: count it once
+            get_metrics().full_graph_refusals.inc()
     except Exception:  # metrics never fail a step
         logger.debug("gemma4_batched_encoder: refusal not counted", exc_info=True)
 

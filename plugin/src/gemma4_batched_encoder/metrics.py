@@ -62,6 +62,24 @@ class EncoderMetrics:
     full_graph_refusals: Any
 
 
+class _NoMetric:
+    """Stands in for every metric on a process that must not record (``records_metrics``)."""
+
+    def labels(self, *args: Any, **kwargs: Any) -> _NoMetric:
+        return self
+
+    def inc(self, *args: Any) -> None:
+        pass
+
+    def observe(self, *args: Any) -> None:
+        pass
+
+    def set(self, *args: Any) -> None:
+        pass
+
+
+NO_METRICS = EncoderMetrics(*(_NoMetric() for _ in EncoderMetrics.__dataclass_fields__))
+
 _lock = threading.Lock()
 _metrics: EncoderMetrics | None = None
 
@@ -169,3 +187,19 @@ def set_info(
             info.labels(**_info_labels).set(0)
         info.labels(**labels).set(1)
         _info_labels = labels
+
+
+def records_metrics() -> bool:
+    """Whether this process records the encoder's metrics: tensor-parallel rank 0 only, as every
+    rank of a TP group runs the same encoder call (counts would be multiplied by the TP size);
+    True where vLLM or its model-parallel groups are not there (verify, bench, tests)."""
+    try:
+        from vllm.distributed import parallel_state
+    except ImportError:
+        return True
+    try:
+        if not parallel_state.model_parallel_is_initialized():
+            return True
+        return parallel_state.get_tensor_model_parallel_rank() == 0
+    except Exception:  # a vLLM without these helpers: record, as before
+        return True

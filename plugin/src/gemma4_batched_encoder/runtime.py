@@ -7,7 +7,7 @@ vLLM subclass passes its stock (upstream) methods in as ``stock``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -15,11 +15,12 @@ from torch import nn
 from . import __version__
 from .encoder import BatchedVisionEncoder
 from .log import logger
-from .metrics import get_metrics, set_info
+from .metrics import NO_METRICS, get_metrics, records_metrics, set_info
 from .settings import Settings
 from .timing import CallTimer
 
 Encode = Callable[[Any], list[torch.Tensor]]
+T = TypeVar("T")
 
 
 def outputs_equal(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
@@ -40,7 +41,9 @@ class EncoderRuntime:
         self.settings = settings
         self.encoder = BatchedVisionEncoder(vision_tower, settings)
         self.active = active and not settings.disabled
-        self.metrics = get_metrics()
+        # Every tensor-parallel rank runs the same encoder call: only rank 0 records it.
+        self.recording = records_metrics()
+        self.metrics = get_metrics() if self.recording else NO_METRICS
         self.timer = CallTimer(lambda path, s: self.metrics.seconds.labels(path=path).observe(s))
         self._device = next(vision_tower.parameters()).device
         self._checks = 0
@@ -56,7 +59,8 @@ class EncoderRuntime:
         }
         self._fast_kernels_reported = self.encoder.fast_kernels_in_force(self._device)
         self._fast_changes_seen = self.encoder.fast_layers_changes
-        set_info(**self._info, fast_kernels=self._fast_kernels_reported)
+        if self.recording:
+            set_info(**self._info, fast_kernels=self._fast_kernels_reported)
 
     # -- one embed_multimodal call ------------------------------------------------------------
     def begin_call(self, frames: int, images: int) -> None:
@@ -86,7 +90,8 @@ class EncoderRuntime:
                 kernels = self.encoder.fast_kernels_in_force(self._device)
                 if kernels != self._fast_kernels_reported:
                     self._fast_kernels_reported = kernels
-                    set_info(**self._info, fast_kernels=kernels)
+                    if self.recording:
+                        set_info(**self._info, fast_kernels=kernels)
             graphs = self.encoder.graphs
             counts = (graphs.num_graphs, graphs.num_failed)
             if counts != self._graphs_reported:  # captures happen at first use of a shape
@@ -100,6 +105,13 @@ class EncoderRuntime:
         if key not in self._logged:
             self._logged.add(key)
             logger.warning("gemma4_batched_encoder: %s", message, exc_info=True)
+
+    def _record(self, record: Callable[[], object]) -> None:
+        """A metric update that must never fail the request it describes."""
+        try:
+            record()
+        except Exception:
+            self._log_once("metrics", "recording metrics failed")
 
     # -- one modality within the call ---------------------------------------------------------
     def run(self, plugin: Encode, stock: Encode, arg: Any) -> list[torch.Tensor]:
@@ -116,9 +128,17 @@ class EncoderRuntime:
                 return self._shadow_verify(out, stock, arg)
         return out
 
-    def _fallback(self, exc: Exception, stock: Encode, arg: Any) -> list[torch.Tensor]:
+    def guarded(self, plugin: Callable[[], T], stock: Callable[[], T]) -> T:
+        """``plugin()``, or on any exception ``stock()`` (counted and logged as in ``run``); no
+        shadow verification: vLLM's encoder CUDA graphs capture this, where a compare syncs."""
+        try:
+            return plugin()
+        except Exception as exc:
+            return self._fallback(exc, lambda _: stock(), None)
+
+    def _fallback(self, exc: Exception, stock: Callable[[Any], T], arg: Any) -> T:
         reason = type(exc).__name__
-        self.metrics.fallbacks.labels(reason=reason).inc()
+        self._record(lambda: self.metrics.fallbacks.labels(reason=reason).inc())
         if reason not in self._logged:
             self._logged.add(reason)
             logger.warning(
@@ -140,10 +160,10 @@ class EncoderRuntime:
                 "gemma4_batched_encoder: stock path failed during shadow verify", exc_info=True
             )
             return out
-        self.metrics.verify_checks.inc()
+        self._record(lambda: self.metrics.verify_checks.inc())
         if outputs_equal(out, ref):
             return out
-        self.metrics.verify_mismatches.inc()
+        self._record(lambda: self.metrics.verify_mismatches.inc())
         if "mismatch" not in self._logged:
             self._logged.add("mismatch")
             diffs = [
