@@ -186,3 +186,67 @@ def test_plugin_setup_failure_leaves_stock_methods(monkeypatch):
     assert same(plugin.embed_multimodal(**vi), Upstream._process_video_input(stock, vi))
     ii = image_input([H.image(70)], dtype)
     assert same(plugin._process_image_input(ii), Upstream._process_image_input(stock, ii))
+
+
+def test_encoder_cudagraph_forward_error_falls_back_to_stock(monkeypatch):
+    """An error inside the override runs upstream's forward and is counted, as on the other
+    overridden paths (a fault injected into the plugin's pooler)."""
+    dtype = torch.bfloat16
+    stock, plugin = models(dtype)
+    pvs, pps = H.batch([H.FRAME_480P, H.FRAME_720P], dtype, seed=6)
+    gather = torch.cat([torch.arange(63), torch.arange(66) + 70])
+    inputs = {
+        "pixel_values": torch.stack(pvs),
+        "pixel_position_ids": torch.stack(pps),
+        "gather_indices": gather,
+    }
+
+    def broken_pool(*args, **kwargs):
+        raise RuntimeError("pooler failed")
+
+    monkeypatch.setattr(vllm_model, "pool_exact", broken_pool)
+    fallbacks = get_metrics().fallbacks
+    before = counter(fallbacks, reason="RuntimeError")
+    with torch.inference_mode():
+        got = plugin.encoder_cudagraph_forward(inputs)
+        want = Upstream.encoder_cudagraph_forward(stock, inputs)
+    assert torch.equal(got, want)
+    assert counter(fallbacks, reason="RuntimeError") == before + 1
+
+
+class BrokenMetric:
+    """A metrics backend that fails on every update (fault injection: the error path)."""
+
+    def labels(self, **labels):
+        return self
+
+    def inc(self, *args):
+        raise OSError("metrics file gone")
+
+    observe = set = inc
+
+
+def test_metric_errors_never_fail_the_call(caplog):
+    """Fallback and shadow verification record metrics; when recording fails, the request is
+    still answered (with the stock result where it would be) and the error logged once."""
+    dtype = torch.bfloat16
+    broken = get_metrics().__class__(*(BrokenMetric() for _ in range(10)))
+    vi = video_input([H.FRAME_480P] * 2, [2], dtype)
+    with caplog.at_level("WARNING", logger="vllm.gemma4_batched_encoder"):
+        # the plugin path fails (impossible token counts): the stock result, no exception
+        stock, plugin = models(dtype)
+        plugin._g4.metrics = broken
+        want = Upstream._process_video_input(stock, vi)
+        assert same(plugin.embed_multimodal(**vi, video_num_soft_tokens=[[71, 71]]), want)
+        # shadow verification, equal and (fast mode) mismatching: served as without the error
+        stock, exact = models(dtype, settings=replace(Settings(), verify_every=1))
+        exact._g4.metrics = broken
+        assert same(exact._process_video_input(vi), want)
+        stock, fast = models(dtype, settings=replace(Settings(), verify_every=1, mode="fast"))
+        fast._g4.metrics = broken
+        assert same(fast._process_video_input(vi), want)
+        assert same(fast._process_video_input(vi), want)  # a second time: no second log
+    for runtime in (plugin._g4, exact._g4, fast._g4):
+        assert "metrics" in runtime._logged
+    logged = [r for r in caplog.records if "recording metrics failed" in r.getMessage()]
+    assert len(logged) == 3  # once per runtime (model), not once per call

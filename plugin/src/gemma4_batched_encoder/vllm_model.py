@@ -229,9 +229,17 @@ class Gemma4ForConditionalGeneration(_Upstream):
             self, inputs: dict[str, torch.Tensor], path: str = "default", **kwargs: Any
         ) -> torch.Tensor:
             """Upstream's captured forward with its one batched pooler GEMM replaced by the
-            per-item GEMMs of ``pool_exact`` (the batched call drifts by one bf16 ulp)."""
+            per-item GEMMs of ``pool_exact`` (the batched call drifts by one bf16 ulp); any
+            error in it runs upstream's, counted in the fallbacks like the other paths."""
+
+            def stock() -> torch.Tensor:
+                return _Upstream.encoder_cudagraph_forward(self, inputs, path=path, **kwargs)
+
             if self._g4 is None or not self._g4.active:
-                return super().encoder_cudagraph_forward(inputs, path=path, **kwargs)
+                return stock()
+            return self._g4.guarded(lambda: self._g4_graph_forward(inputs), stock)
+
+        def _g4_graph_forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
             pixel_values = inputs["pixel_values"]
             position_ids = inputs["pixel_position_ids"]
             pad = (position_ids == -1).all(dim=-1)
