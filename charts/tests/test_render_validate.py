@@ -17,12 +17,14 @@ import yaml
 from chartlib import (
     API_VARIANTS,
     CHART,
+    FULLNAME,
     KUBE_VERSIONS,
     NODE_DIR,
     PROFILES,
     TESTS,
     by_kind,
     helm,
+    one,
     profile_file,
     render,
     render_text,
@@ -40,6 +42,7 @@ def test_profiles_present():
         "autoscaling-multi-replica",
         "no-prometheus-operator",
         "full-cuda-graphs",
+        "keda-slo-trigger",
     }
 
 
@@ -155,6 +158,17 @@ def crd_results(tmp_path_factory):
         else:
             continue
         bad.append(d)
+    # the SLO trigger (second trigger, keda-slo-trigger profile): a number where KEDA wants the
+    # string map of trigger metadata, and an authenticationRef that is not an object
+    slo = one(render("keda-slo-trigger", "1.37.0", "operator"), "ScaledObject")
+    for suffix, broken in (
+        ("slo-threshold", lambda t: t["metadata"].__setitem__("threshold", 0.1)),
+        ("slo-authref", lambda t: t.__setitem__("authenticationRef", "prometheus-auth")),
+    ):
+        d = copy.deepcopy(slo)
+        d["metadata"]["name"] += f"-{suffix}"
+        broken(d["spec"]["triggers"][1])
+        bad.append(d)
     (tmp / "bad.yaml").write_text(yaml.safe_dump_all(bad))
     files["bad"] = str(tmp / "bad.yaml")
     proc = subprocess.run(
@@ -183,6 +197,42 @@ def test_custom_resource_validation_rejects_broken_objects(crd_results):
     res = crd_results["bad"]
     assert {c["kind"] for c in res["checked"]} == CRD_KINDS
     assert {e["kind"] for e in res["errors"]} == CRD_KINDS, res
+    errors = {e["name"]: e["error"] for e in res["errors"]}
+    assert "triggers/1/metadata/threshold must be string" in errors[f"{FULLNAME}-slo-threshold"]
+    assert "triggers/1/authenticationRef must be object" in errors[f"{FULLNAME}-slo-authref"]
+
+
+def test_keda_slo_trigger_profile():
+    """ci/keda-slo-trigger-values.yaml renders the ScaledObject with both triggers (validated
+    against KEDA's CRD schema for every Kubernetes version and API variant by
+    test_custom_resources_valid). The schema does not reject unknown fields, so the fields are
+    asserted here: KEDA's prometheus trigger keys, string metadata, the shared address,
+    authentication and extra metadata on both, the SLO threshold compared as a Value."""
+    for kube in KUBE_VERSIONS:
+        for api in API_VARIANTS:
+            so = one(render("keda-slo-trigger", kube, api), "ScaledObject")
+            load, slo = so["spec"]["triggers"]
+            for t in (load, slo):
+                assert set(t) == {"type", "name", "metricType", "metadata", "authenticationRef"}
+                assert t["type"] == "prometheus"
+                assert t["authenticationRef"] == {"name": "prometheus-auth"}
+                assert all(isinstance(v, str) for v in t["metadata"].values()), t["metadata"]
+                assert t["metadata"]["serverAddress"] == "https://prometheus.monitoring.svc:9090"
+                assert t["metadata"]["authModes"] == "bearer"
+                assert t["metadata"]["unsafeSsl"] == "false"
+            assert (load["name"], load["metricType"], load["metadata"]["threshold"]) == (
+                "load",
+                "AverageValue",
+                "6",
+            )
+            assert (slo["name"], slo["metricType"], slo["metadata"]["threshold"]) == (
+                "slo",
+                "Value",
+                "0.1",
+            )
+            assert 'le="0.3"' in slo["metadata"]["query"]  # the 300 ms bucket, tpl-rendered
+            assert f'service="{FULLNAME}"' in slo["metadata"]["query"]
+            assert so["spec"]["minReplicaCount"] == 2 and so["spec"]["maxReplicaCount"] == 6
 
 
 def test_monitoring_objects_follow_the_operator_api():
