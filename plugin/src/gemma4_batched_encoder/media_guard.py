@@ -4,7 +4,9 @@ vLLM's OpenCV video loader fails on some non-video payloads with errors that nam
 client sent (a PNG sent as video/mp4 gives "Cannot cast ufunc 'subtract' input 0 from
 dtype('O')..."). This wraps `VideoMediaIO.load_bytes` in the API-server process so every
 decoding failure, and every result that is not a stack of frames, becomes a ValueError saying
-what was wrong; vLLM's OpenAI layer turns ValueError into a 400 and keeps serving.
+what was wrong; vLLM's OpenAI layer turns ValueError into a 400 and keeps serving. vLLM's own
+limit errors (a frame over VLLM_MAX_IMAGE_PIXELS, an fps or frame count over its maximum) and
+MemoryError pass through unchanged: the payload decoded, and their message is the real reason.
 
 Patch ledger: vllm/multimodal/media/video.py (0.27+) or vllm/multimodal/video.py (older)
 `VideoMediaIO.load_bytes`. Drop once upstream validates decoded frames.
@@ -37,6 +39,13 @@ def _describe(data: bytes) -> str:
     return f"{len(data)} bytes of {kind}"
 
 
+def _undecodable(data: bytes, exc: Exception) -> InvalidVideoError:
+    return InvalidVideoError(
+        f"Invalid video: could not decode {_describe(data)} "
+        f"({type(exc).__name__}: {exc}); send an mp4, webm or mov video"
+    )
+
+
 def check_frames(frames: Any, data: bytes) -> None:
     """Raise InvalidVideoError unless `frames` is a non-empty [T, H, W, C] uint8 stack."""
     shape = tuple(getattr(frames, "shape", ()))
@@ -48,18 +57,32 @@ def check_frames(frames: Any, data: bytes) -> None:
         )
 
 
+def vllm_limit_error(exc: BaseException) -> bool:
+    """A ValueError raised by vLLM's own code for a limit the payload exceeds (it names the limit,
+    e.g. "... exceed the maximum of N pixels. Set VLLM_MAX_IMAGE_PIXELS ...")."""
+    if not isinstance(exc, ValueError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # the frame that raised
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    message = str(exc).lower()
+    return module.startswith("vllm.") and ("exceed" in message or "vllm_max_" in message)
+
+
 def guard_load_bytes(load_bytes):
     @functools.wraps(load_bytes)
     def wrapper(self, data: bytes, *args: Any, **kwargs: Any):
         try:
             result = load_bytes(self, data, *args, **kwargs)
-        except InvalidVideoError:
+        except (InvalidVideoError, MemoryError):
             raise
+        except ValueError as exc:
+            if vllm_limit_error(exc):
+                raise
+            raise _undecodable(data, exc) from exc
         except Exception as exc:  # any decoder failure is the client's payload, not a 500
-            raise InvalidVideoError(
-                f"Invalid video: could not decode {_describe(data)} "
-                f"({type(exc).__name__}: {exc}); send an mp4, webm or mov video"
-            ) from exc
+            raise _undecodable(data, exc) from exc
         media = getattr(result, "media", result)
         frames = media[0] if isinstance(media, tuple) else media
         check_frames(frames, data)
