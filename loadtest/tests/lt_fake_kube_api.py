@@ -192,6 +192,48 @@ class FakeKubeAPI:
                     self.logs[(ns, pod["metadata"]["name"])] = log
                 pod["status"]["phase"] = phase
 
+    def _pod_of(self, ns: str, job: str) -> dict[str, Any]:
+        (pod,) = [
+            p
+            for (n, _), p in self.pods.items()
+            if n == ns and p["metadata"]["labels"].get("job-name") == job
+        ]
+        return pod
+
+    def _container_status(self, pod: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        """A V1ContainerStatus as the kubelet reports it (the client requires these fields)."""
+        c = pod["spec"]["containers"][0]
+        return {
+            "name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+            "restartCount": 0, "started": False, "state": state,
+        }  # fmt: skip
+
+    def set_waiting(self, ns: str, job: str, reason: str, message: str) -> None:
+        """The pod was scheduled but its container cannot start (ImagePullBackOff, ...)."""
+        pod = self._pod_of(ns, job)
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [_condition("PodScheduled", "True")],
+            "containerStatuses": [
+                self._container_status(pod, {"waiting": {"reason": reason, "message": message}})
+            ],
+        }
+
+    def set_unschedulable(self, ns: str, job: str, message: str) -> None:
+        """No node fits the pod: the scheduler's condition, as kube-scheduler writes it."""
+        self._pod_of(ns, job)["status"] = {
+            "phase": "Pending",
+            "conditions": [_condition("PodScheduled", "False", "Unschedulable", message)],
+        }
+
+    def set_terminated(self, ns: str, job: str, reason: str, exit_code: int) -> None:
+        pod = self._pod_of(ns, job)
+        state = {"terminated": {"reason": reason, "exitCode": exit_code}}
+        pod["status"] = {
+            "phase": "Failed",
+            "containerStatuses": [self._container_status(pod, state)],
+        }
+
     def finish_job(self, ns: str, job: str, ok: bool) -> None:
         j = self.jobs[(ns, job)]
         j["status"] = {
@@ -213,6 +255,12 @@ class FakeKubeAPI:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _condition(type_: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cond = {"type": type_, "status": status, "lastTransitionTime": now}
+    return cond | ({"reason": reason, "message": message} if reason else {})
 
 
 def _match(obj: dict[str, Any], selector: str) -> bool:

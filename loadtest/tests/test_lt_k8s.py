@@ -404,3 +404,200 @@ def test_set_keys_are_checked_and_flag_spellings_accepted() -> None:
         assert r.exit_code == 2 and message in r.output, r.output
     r = CliRunner().invoke(cli, [*base, "--set", "durations=10"])
     assert "duration_s" in r.output and "video_frames" in r.output  # the valid ones are listed
+
+
+def _chart_pod(*sets: str) -> dict:
+    out = subprocess.run(
+        [_helm(), "template", "g4", str(CHART), "-n", NS, "--set", "loadtest.job.enabled=true",
+         "--show-only", "templates/loadtest-job.yaml", *sets],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    return yaml.safe_load(out)["spec"]["template"]["spec"]
+
+
+POD_OPTIONS = [
+    "--image-pull-secret", "regcred", "--image-pull-secret", "mirror.pull",
+    "--service-account", "loadtest-runner",
+    "--node-selector", "node-pool=cpu", "--node-selector", "kubernetes.io/arch=amd64",
+    "--toleration", "dedicated=loadtest:NoSchedule", "--toleration", "spot:NoExecute",
+    "--toleration", '{"key": "maint", "operator": "Exists", "effect": "NoExecute", '
+    '"tolerationSeconds": 60}',
+]  # fmt: skip
+
+
+def test_start_sets_resources_pull_secrets_account_and_scheduling() -> None:
+    """The pod is not BestEffort (requests and a memory limit, the chart's defaults unless
+    overridden); pull secrets, service account, node selector and tolerations reach the Job the
+    API server receives, through the real client."""
+    with FakeKubeAPI() as api:
+        base = [
+            "k8s",
+            "start",
+            "-n",
+            NS,
+            "--api-server",
+            api.url,
+            "--release",
+            "g4",
+            "--image",
+            "i",
+        ]
+        r = CliRunner().invoke(cli, [*base, "--name", "plain"])
+        assert r.exit_code == 0, r.output
+        pod = api.jobs[(NS, "plain")]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"] == {
+            "requests": {"cpu": "4", "memory": "4Gi"},
+            "limits": {"memory": "8Gi"},
+        }
+        assert not {"imagePullSecrets", "nodeSelector", "tolerations", "serviceAccountName"} & set(
+            pod
+        )
+        r = CliRunner().invoke(
+            cli,
+            [*base, "--name", "full", "--cpu", "1500m", "--memory", "1Gi", "--cpu-limit", "2",
+             *POD_OPTIONS],
+        )  # fmt: skip
+        assert r.exit_code == 0, r.output
+        pod = api.jobs[(NS, "full")]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "1500m", "memory": "1Gi"},
+        "limits": {"memory": "2Gi", "cpu": "2"},  # the memory limit follows the request: 2x
+    }
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror.pull"}]
+    assert pod["serviceAccountName"] == "loadtest-runner"
+    assert pod["nodeSelector"] == {"node-pool": "cpu", "kubernetes.io/arch": "amd64"}
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "loadtest", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "maint", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+    ]
+    # the client's own model reads every field back
+    from kubernetes.client import V1Job
+
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"},
+           "spec": {"template": {"spec": pod}}}  # fmt: skip
+    spec = api_client(server="http://127.0.0.1:1")._ApiClient__deserialize(job, V1Job).spec
+    tol = spec.template.spec.tolerations[2]
+    assert (tol.key, tol.toleration_seconds) == ("maint", 60)
+    assert spec.template.spec.containers[0].resources.limits == {"memory": "2Gi", "cpu": "2"}
+
+
+def test_pod_options_match_the_charts_values() -> None:
+    """Default resources are the chart's loadtest.resources; the scheduling options render as
+    the chart renders imagePullSecrets, loadtest.nodeSelector and loadtest.tolerations."""
+    chart = _chart_pod(
+        "--set", "imagePullSecrets[0]=regcred", "--set", "loadtest.nodeSelector.node-pool=cpu",
+        "--set", "loadtest.tolerations[0].key=dedicated",
+        "--set", "loadtest.tolerations[0].operator=Equal",
+        "--set-string", "loadtest.tolerations[0].value=loadtest",
+        "--set", "loadtest.tolerations[0].effect=NoSchedule",
+    )  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run",
+         "--image-pull-secret", "regcred", "--node-selector", "node-pool=cpu",
+         "--toleration", "dedicated=loadtest:NoSchedule"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    ours = json.loads(r.output)["spec"]["template"]["spec"]
+    assert ours["containers"][0]["resources"] == chart["containers"][0]["resources"]
+    for key in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        assert ours[key] == chart[key], key
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cpu", "lots"], "--cpu 'lots' is not a Kubernetes quantity"),
+        (["--cpu", "0"], "--cpu '0' must be above 0"),
+        (["--cpu", "2Gi"], "CPU is in cores or millicores"),
+        (["--memory", "4"], "--memory '4' is below 64Mi (a bare number is bytes)"),
+        (["--memory", "8Gi", "--memory-limit", "4Gi"], "is below the memory request '8Gi'"),
+        (["--cpu", "2", "--cpu-limit", "1"], "--cpu-limit '1' is below the CPU request '2'"),
+        (["--image-pull-secret", "Reg_Cred"], "--image-pull-secret: 'Reg_Cred' is not a valid"),
+        (["--service-account", "-sa"], "--service-account: '-sa' is not a valid ServiceAccount"),
+        (["--node-selector", "pool"], "--node-selector: 'pool' is not KEY=VALUE"),
+        (["--node-selector", "a b=c"], "'a b' is not a valid label key"),
+        (["--node-selector", "p=x", "--node-selector", "p=y"], "'p' given twice"),
+        (["--toleration", "gpu=true:NoScheduel"], "effect must be one of NoSchedule,"),
+        (["--toleration", "=true:NoSchedule"], "a value needs a key"),
+        (["--toleration", '{"key": "k", "operator": "In"}'], "operator must be Exists or Equal"),
+        (["--toleration", '{"key": "k", "operator": "Exists", "value": "v"}'], "takes no value"),
+        (["--toleration", '{"key": "k", "tolerationSeconds": 5}'], "with effect NoExecute"),
+        (["--toleration", '{"key": "k", "seconds": 5}'], "unknown field(s) seconds"),
+        (["--toleration", "{oops"], "is not valid JSON"),
+    ],
+)
+def test_bad_pod_options_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    with FakeKubeAPI() as api:
+        r = CliRunner().invoke(
+            cli,
+            ["k8s", "start", "-n", NS, "--api-server", api.url, "--release", "g4", "--image", "i",
+             *args],
+        )  # fmt: skip
+        _one_error_line(r, 2, message)
+        assert not api.jobs  # refused before anything was created
+
+
+def test_status_says_why_the_pod_is_pending_or_failed(tmp_path: Path) -> None:
+    """Not just "pending": the container's waiting reason (image pull, a missing Secret) or the
+    scheduler's Unschedulable condition, with the message; a failed pod's termination reason.
+    `start --wait` and `logs` report the same."""
+    with FakeKubeAPI() as api:
+        runner = CliRunner()
+        conn = ["-n", NS, "--api-server", api.url]
+
+        def status(job: str) -> dict:
+            r = runner.invoke(cli, ["k8s", "status", *conn, "--job", job])
+            assert r.exit_code == 0, r.output
+            return json.loads(r.output)
+
+        jobs = LoadTestJobs(api_client(server=api.url), NS)
+        name = jobs.start(loadtest_job(JobOptions(release="g4", namespace=NS, image="img:1")))
+        st = status(name)
+        assert (st["phase"], st["reason"], st["message"]) == ("pending", "", "")
+        cases = [
+            ("ImagePullBackOff", 'Back-off pulling image "img:1"'),
+            ("ErrImagePull", 'failed to pull image "img:1": 401 Unauthorized'),
+            ("CreateContainerConfigError", 'secret "vllm-api-key" not found'),
+        ]
+        for reason, message in cases:
+            api.set_waiting(NS, name, reason, message)
+            st = status(name)
+            assert st["phase"] == "pending" and st["reason"] == reason, st
+            assert st["message"] == f"container loadtest: {message}", st
+        api.set_waiting(NS, name, "ContainerCreating", "")  # progress, not a problem
+        assert status(name)["reason"] == ""
+        unschedulable = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes"
+        api.set_unschedulable(NS, name, unschedulable)
+        st = status(name)
+        assert (st["phase"], st["reason"], st["message"]) == (
+            "pending",
+            "Unschedulable",
+            unschedulable,
+        )
+        r = runner.invoke(cli, ["k8s", "logs", *conn, "--job", name, "--wait-pod", "0.1"])
+        _one_error_line(r, 3, f"(phase Pending; Unschedulable: {unschedulable})")
+
+        # --wait reports the reason while it waits, and when it gives up
+        r = runner.invoke(
+            cli,
+            ["k8s", "start", *conn, "--release", "g4", "--image", "img:2", "--name", "w",
+             "--wait", "--timeout", "0.1", "--out", str(tmp_path / "w")],
+        )  # fmt: skip
+        assert r.exit_code == 3, r.output
+        assert "job/w: pending" in r.output and "still pending after" in r.output
+        api.set_waiting(NS, "w", "ImagePullBackOff", 'Back-off pulling image "img:2"')
+        r = runner.invoke(cli, ["k8s", "fetch", *conn, "--job", "w", "--wait", "0.1",
+                                "--out", str(tmp_path / "w")])  # fmt: skip
+        assert r.exit_code == 3, r.output
+        why = 'pending (ImagePullBackOff: container loadtest: Back-off pulling image "img:2")'
+        assert f"job/w: {why}" in r.output and f"still {why} after" in r.output
+        assert jobs.wait("w", timeout_s=0).describe() == why
+
+        # a pod killed for memory: the Job says "backoff limit", the pod says why
+        api.set_terminated(NS, name, "OOMKilled", 137)
+        api.finish_job(NS, name, ok=False)
+        st = status(name)
+        assert st["phase"] == "failed" and st["reason"] == "OOMKilled", st
+        assert "container loadtest exited with code 137 (OOMKilled)" in st["message"]

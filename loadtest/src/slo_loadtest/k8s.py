@@ -20,7 +20,9 @@ summary and redraws the CSV, Markdown and plots locally. The raw guidellm report
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -110,6 +112,189 @@ class JobOptions:
     api_key_key: str = "VLLM_API_KEY"
     service_account: str = ""
     name: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] | None = None
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    # None: DEFAULT_RESOURCES (the chart's loadtest.resources)
+    resources: Mapping[str, Any] | None = None
+
+
+# The chart's loadtest.resources defaults, so `k8s start` and the chart run the same pod. Requests
+# keep the pod out of BestEffort (first evicted, no CPU guaranteed); guidellm's workers and the
+# media process pool need several cores, and a starved client falls behind, which makes rates
+# inconclusive. No CPU limit: throttling would do the same; a memory limit bounds the node's risk.
+DEFAULT_CPU, DEFAULT_MEMORY = "4", "4Gi"
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_BINARY_SUFFIX = re.compile(r"[KMGTPE]i$")
+
+
+def check_name(value: str, what: str) -> str:
+    """A Kubernetes object name (DNS-1123 subdomain): Secrets, ServiceAccounts."""
+    if len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a valid {what} name (lower-case letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit, at most 253 characters)"
+        )
+    return value
+
+
+def _check_label_key(key: str) -> str:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        raise ValueError(
+            f"{key!r}: the prefix before '/' must be a DNS subdomain, e.g. example.com"
+        )
+    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        raise ValueError(
+            f"{key!r} is not a valid label key (letters, digits, '-', '_', '.', at most 63 "
+            "characters, optionally prefixed by a DNS subdomain and '/')"
+        )
+    return key
+
+
+def _check_label_value(key: str, value: str) -> str:
+    if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
+        raise ValueError(
+            f"{value!r} (for {key!r}) is not a valid label value (letters, digits, '-', '_', '.', "
+            "at most 63 characters, starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def parse_node_selector(items: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """KEY=VALUE items, e.g. ``node-pool=cpu`` or ``kubernetes.io/arch=amd64``."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{item!r} is not KEY=VALUE, e.g. kubernetes.io/arch=amd64")
+        _check_label_value(key, value)
+        if _check_label_key(key) in out:
+            raise ValueError(f"{key!r} given twice")
+        out[key] = value
+    return out
+
+
+def parse_toleration(text: str) -> dict[str, Any]:
+    """``key[=value][:effect]`` as in ``kubectl taint`` (no value: operator Exists; ``:effect``
+    alone tolerates every taint of that effect), or a JSON toleration object."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            tol = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{text!r} is not valid JSON ({exc})") from None
+        if not isinstance(tol, dict):
+            raise ValueError(f"{text!r} is not a JSON object")
+        allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
+        unknown = sorted(set(tol) - allowed)
+        if unknown:
+            raise ValueError(
+                f"unknown field(s) {', '.join(unknown)}; a toleration has "
+                + ", ".join(sorted(allowed))
+            )
+        if not all(isinstance(tol.get(k, ""), str) for k in ("key", "operator", "value", "effect")):
+            raise ValueError(f"{text!r}: key, operator, value and effect must be strings")
+    else:
+        rest, colon, effect = text.rpartition(":") if ":" in text else (text, "", "")
+        key, eq, value = rest.partition("=")
+        if eq and not key:
+            raise ValueError(f"{text!r}: a value needs a key (KEY=VALUE:EFFECT)")
+        if not key and not colon:
+            raise ValueError(
+                f"{text!r} is empty; give KEY[=VALUE][:EFFECT], e.g. gpu=true:NoSchedule"
+            )
+        tol = {
+            "key": key,
+            "operator": "Equal" if eq else "Exists",
+            "value": value,
+            "effect": effect,
+        }
+    op = tol.get("operator") or ("Equal" if tol.get("value") else "Exists")
+    if op not in ("Exists", "Equal"):
+        raise ValueError(f"{text!r}: operator must be Exists or Equal, not {op!r}")
+    if op == "Exists" and tol.get("value"):
+        raise ValueError(f"{text!r}: operator Exists takes no value")
+    if not tol.get("key") and op != "Exists":
+        raise ValueError(f"{text!r}: an empty key needs operator Exists")
+    if tol.get("key"):
+        _check_label_key(tol["key"])
+    if tol.get("value"):
+        _check_label_value(tol["key"], tol["value"])
+    effect = tol.get("effect") or ""
+    if effect and effect not in TOLERATION_EFFECTS:
+        raise ValueError(
+            f"{text!r}: effect must be one of {', '.join(TOLERATION_EFFECTS)} (or none: every "
+            f"effect), not {effect!r}"
+        )
+    seconds = tol.get("tolerationSeconds")
+    if seconds is not None and (
+        not isinstance(seconds, int) or isinstance(seconds, bool) or effect != "NoExecute"
+    ):
+        raise ValueError(f"{text!r}: tolerationSeconds must be an integer, with effect NoExecute")
+    out = {"key": tol.get("key") or None, "operator": op, "value": tol.get("value") or None}
+    out |= {"effect": effect or None, "tolerationSeconds": seconds}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _quantity(value: str, what: str) -> Any:
+    from kubernetes.utils.quantity import parse_quantity
+
+    try:
+        q = parse_quantity(value.strip())
+    except ValueError:
+        raise ValueError(
+            f"{what} {value!r} is not a Kubernetes quantity (e.g. 4, 500m, 4Gi)"
+        ) from None
+    if q <= 0:
+        raise ValueError(f"{what} {value!r} must be above 0")
+    return q
+
+
+def _format_bytes(n: Any) -> str:
+    n = int(n)
+    for suffix, size in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def container_resources(
+    cpu: str = DEFAULT_CPU,
+    memory: str = DEFAULT_MEMORY,
+    memory_limit: str | None = None,
+    cpu_limit: str | None = None,
+) -> dict[str, Any]:
+    """requests.cpu/memory, limits.memory (default: twice the request, as the chart's 4Gi/8Gi)
+    and an optional limits.cpu; raises ValueError for a bad or inconsistent value."""
+    cpu_q = _quantity(cpu, "--cpu")
+    if _BINARY_SUFFIX.search(cpu.strip()):
+        raise ValueError(f"--cpu {cpu!r}: CPU is in cores or millicores (4, 500m), not bytes")
+    mem_q = _quantity(memory, "--memory")
+    if mem_q < 64 * 2**20:
+        # a bare number is bytes: "4" asks for 4 bytes; nothing runs in that
+        raise ValueError(
+            f"--memory {memory!r} is below 64Mi (a bare number is bytes); e.g. 4Gi or 512Mi"
+        )
+    requests = {"cpu": cpu.strip(), "memory": memory.strip()}
+    if memory_limit is None:
+        limits = {"memory": _format_bytes(2 * mem_q)}
+    else:
+        if _quantity(memory_limit, "--memory-limit") < mem_q:
+            raise ValueError(
+                f"--memory-limit {memory_limit!r} is below the memory request {memory!r}"
+            )
+        limits = {"memory": memory_limit.strip()}
+    if cpu_limit is not None:
+        if _quantity(cpu_limit, "--cpu-limit") < cpu_q:
+            raise ValueError(f"--cpu-limit {cpu_limit!r} is below the CPU request {cpu!r}")
+        limits["cpu"] = cpu_limit.strip()
+    return {"requests": requests, "limits": limits}
+
+
+DEFAULT_RESOURCES = container_resources()
 
 
 def labels(release: str) -> dict[str, str]:
@@ -186,12 +371,19 @@ def loadtest_job(o: JobOptions) -> dict[str, Any]:
                     {"name": "results", "mountPath": "/results"},
                     {"name": "tmp", "mountPath": "/tmp"},
                 ],
+                "resources": dict(o.resources or DEFAULT_RESOURCES),
             }
         ],
         "volumes": [results_volume, {"name": "tmp", "emptyDir": {}}],
     }
     if o.service_account:
         pod_spec["serviceAccountName"] = o.service_account
+    if o.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in o.image_pull_secrets]
+    if o.node_selector:
+        pod_spec["nodeSelector"] = dict(o.node_selector)
+    if o.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in o.tolerations]
     lab = labels(o.release)
     return {
         "apiVersion": "batch/v1",
@@ -221,6 +413,37 @@ class JobStatus:
     pod_phase: str = ""
     exit_code: int | None = None
     message: str = ""
+    # why the pod is stuck or ended (ImagePullBackOff, Unschedulable, OOMKilled, ...), from the pod
+    reason: str = ""
+
+    def describe(self) -> str:
+        """``pending (ImagePullBackOff: Back-off pulling image ...)``: the phase and its reason."""
+        why = ": ".join(x for x in (self.reason, self.message if self.reason else "") if x)
+        return f"{self.phase} ({why})" if why else self.phase
+
+
+def pod_problem(pod: Any) -> tuple[str, str]:
+    """(reason, message) of what keeps a pod from running or ended it: an Unschedulable
+    condition, a container waiting (ImagePullBackOff, ErrImagePull, CreateContainerConfigError,
+    ...), or a terminated container (OOMKilled, Error). ('', '') when there is none."""
+    st = pod.status if pod is not None else None
+    if st is None:
+        return "", ""
+    for cond in st.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            return cond.reason or "Unschedulable", cond.message or ""
+    statuses = [*(st.init_container_statuses or []), *(st.container_statuses or [])]
+    for cs in statuses:
+        waiting = cs.state.waiting if cs.state else None
+        # ContainerCreating/PodInitializing are progress, not a problem
+        if waiting and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+            return waiting.reason, f"container {cs.name}: {waiting.message or waiting.reason}"
+    for cs in statuses:
+        term = cs.state.terminated if cs.state else None
+        if term and term.exit_code:
+            why = term.reason or "Error"
+            return why, f"container {cs.name} exited with code {term.exit_code} ({why})"
+    return "", ""
 
 
 class LoadTestJobs:
@@ -272,17 +495,24 @@ class LoadTestJobs:
         if pod_name and pod_phase in ("Running", "Succeeded", "Failed"):
             text = self.log(pod_name)
             ready, exit_code = parse_ready(text)
+        reason, detail = pod_problem(pod)
         for cond in (st.conditions or []) if st else []:
             if cond.status == "True" and cond.type in ("Complete", "Failed"):
                 phase = "succeeded" if cond.type == "Complete" else "failed"
+                message = cond.message or cond.reason or ""
+                if phase == "failed":
+                    # the Job says "deadline exceeded" or "backoff limit"; the pod says why
+                    message = "; ".join(x for x in (message, detail) if x)
+                    reason = reason or cond.reason or ""
                 return JobStatus(
-                    name, phase, pod_name, pod_phase, exit_code, cond.message or cond.reason or ""
-                )
+                    name, phase, pod_name, pod_phase, exit_code, message,
+                    reason if phase == "failed" else "",
+                )  # fmt: skip
         if ready:
             return JobStatus(name, "results-ready", pod_name, pod_phase, exit_code)
         if st and (st.active or 0) > 0 and pod_phase == "Running":
             return JobStatus(name, "running", pod_name, pod_phase)
-        return JobStatus(name, "pending", pod_name, pod_phase)
+        return JobStatus(name, "pending", pod_name, pod_phase, message=detail, reason=reason)
 
     def wait(
         self,
@@ -295,9 +525,10 @@ class LoadTestJobs:
         last = ""
         while True:
             s = self.status(name)
-            if on_change and s.phase != last:
+            # a new reason (ErrImagePull -> ImagePullBackOff) is news too
+            if on_change and s.describe() != last:
                 on_change(s)
-                last = s.phase
+                last = s.describe()
             if s.phase in ("results-ready", "succeeded", "failed", "missing"):
                 return s
             if time.monotonic() >= deadline:
@@ -313,9 +544,10 @@ class LoadTestJobs:
             if phase in ("Running", "Succeeded", "Failed"):
                 break
             if time.monotonic() >= deadline:
+                reason, detail = pod_problem(pod)
                 raise TimeoutError(
                     f"the pod of Job {name} did not start within {wait_s:.0f} s "
-                    f"(phase {phase or 'none'})"
+                    f"(phase {phase or 'none'}" + (f"; {reason}: {detail})" if reason else ")")
                 )
             time.sleep(poll_s)
         resp = self.core.read_namespaced_pod_log(

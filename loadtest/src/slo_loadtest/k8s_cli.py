@@ -11,6 +11,7 @@ import click
 
 from slo_loadtest.config import env_var
 from slo_loadtest.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE
+from slo_loadtest.k8s import DEFAULT_CPU, DEFAULT_MEMORY
 
 
 class K8sUsageError(click.ClickException):
@@ -244,6 +245,57 @@ def k8s() -> None:
 )
 @click.option("--results-claim", default="", help="PVC for /results (default: an emptyDir).")
 @click.option("--api-key-secret", default="", help="Secret holding the server's API key.")
+@click.option(
+    "--cpu",
+    default=DEFAULT_CPU,
+    show_default=True,
+    help="CPU request of the pod (cores or millicores, e.g. 4, 500m). guidellm's workers and the "
+    "media generation need several cores: a starved client falls behind (inconclusive rates).",
+)
+@click.option(
+    "--memory",
+    default=DEFAULT_MEMORY,
+    show_default=True,
+    help="Memory request (e.g. 4Gi, 512Mi; a bare number is bytes).",
+)
+@click.option(
+    "--memory-limit",
+    default=None,
+    help="Memory limit [default: twice --memory, the chart's 4Gi/8Gi].",
+)
+@click.option(
+    "--cpu-limit",
+    default=None,
+    help="CPU limit [default: none; throttling would make the client fall behind].",
+)
+@click.option(
+    "--image-pull-secret",
+    "image_pull_secrets",
+    multiple=True,
+    metavar="NAME",
+    help="Secret for pulling --image from a private registry. Repeatable.",
+)
+@click.option(
+    "--service-account",
+    default="",
+    help="ServiceAccount of the pod (default: the namespace's default; its token is not mounted).",
+)
+@click.option(
+    "--node-selector",
+    "node_selector",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Run on nodes with this label, e.g. node-pool=cpu. Repeatable.",
+)
+@click.option(
+    "--toleration",
+    "tolerations",
+    multiple=True,
+    metavar="KEY[=VALUE][:EFFECT]|JSON",
+    help="Tolerate a taint: as in `kubectl taint` (gpu=true:NoSchedule; no value: any value; "
+    'no effect: every effect) or a JSON toleration ({"key": "k", "operator": "Exists", '
+    '"effect": "NoExecute", "tolerationSeconds": 60}). Repeatable.',
+)
 @click.option("--wait/--no-wait", default=False, help="Wait for the results, then fetch them.")
 @click.option(
     "--timeout", type=float, default=3600.0, show_default=True, help="How long --wait waits (s)."
@@ -278,6 +330,14 @@ def start(
     health_wait: int | None,
     results_claim: str,
     api_key_secret: str,
+    cpu: str,
+    memory: str,
+    memory_limit: str | None,
+    cpu_limit: str | None,
+    image_pull_secrets: tuple[str, ...],
+    service_account: str,
+    node_selector: tuple[str, ...],
+    tolerations: tuple[str, ...],
     wait: bool,
     timeout: float,
     out: Path | None,
@@ -287,6 +347,11 @@ def start(
     """Create the load-test Job."""
     from slo_loadtest.k8s import JobOptions, loadtest_job
     from slo_loadtest.validation import check_target, parse_extra_body
+
+    pod = _pod_options(
+        cpu, memory, memory_limit, cpu_limit, image_pull_secrets, service_account,
+        node_selector, tolerations,
+    )  # fmt: skip
 
     if target:
         try:
@@ -326,6 +391,7 @@ def start(
             name=job_name,
             results_claim=results_claim,
             api_key_secret=api_key_secret,
+            **pod,
         )
     )
     if dry_run:
@@ -338,10 +404,46 @@ def start(
         sys.exit(_wait_and_fetch(jobs, name, timeout, out or Path(f"results-{name}")))
 
 
+def _pod_options(
+    cpu: str,
+    memory: str,
+    memory_limit: str | None,
+    cpu_limit: str | None,
+    image_pull_secrets: tuple[str, ...],
+    service_account: str,
+    node_selector: tuple[str, ...],
+    tolerations: tuple[str, ...],
+) -> dict[str, Any]:
+    """JobOptions' pod fields, checked here: a typo fails now with one line and exit 2, not as
+    a pod that never schedules or a Job the API server refuses."""
+    from slo_loadtest import k8s as kj
+
+    def checked(flag: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ValueError as exc:
+            msg = str(exc)
+            # the resource checks name their own flag (--memory-limit, ...)
+            raise K8sUsageError(msg if msg.startswith("--") else f"{flag}: {msg}") from None
+
+    return {
+        "resources": checked("--cpu", kj.container_resources, cpu, memory, memory_limit, cpu_limit),
+        "image_pull_secrets": tuple(
+            checked("--image-pull-secret", kj.check_name, n, "Secret") for n in image_pull_secrets
+        ),
+        "service_account": service_account
+        and checked("--service-account", kj.check_name, service_account, "ServiceAccount"),
+        "node_selector": checked("--node-selector", kj.parse_node_selector, node_selector),
+        "tolerations": tuple(checked("--toleration", kj.parse_toleration, t) for t in tolerations),
+    }
+
+
 def _wait_and_fetch(jobs: Any, name: str, timeout: float, out: Path) -> int:
-    s = jobs.wait(name, timeout, on_change=lambda s: click.echo(f"job/{name}: {s.phase}", err=True))
+    s = jobs.wait(
+        name, timeout, on_change=lambda s: click.echo(f"job/{name}: {s.describe()}", err=True)
+    )
     if s.phase not in ("results-ready", "succeeded", "failed"):
-        click.echo(f"job/{name}: still {s.phase} after {timeout:.0f} s", err=True)
+        click.echo(f"job/{name}: still {s.describe()} after {timeout:.0f} s", err=True)
         return EXIT_INCOMPLETE
     return _fetch(jobs, name, out)
 
@@ -371,6 +473,8 @@ def status(
                 "pod": s.pod,
                 "pod_phase": s.pod_phase,
                 "exit_code": s.exit_code,
+                # e.g. ImagePullBackOff, Unschedulable, OOMKilled: why it is pending or failed
+                "reason": s.reason,
                 "message": s.message,
             }
         )
