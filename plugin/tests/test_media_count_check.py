@@ -323,3 +323,22 @@ def test_mangled_containers_never_raise_or_blow_up():
     assert mp4_plain.frame_count(bytes(huge)) is None
     for cut in range(moov, len(data), 7):
         assert mp4_plain.frame_count(data[:cut]) is None
+
+
+@pytest.mark.parametrize("codec", ["mp4v", "VP90", "h264"])
+def test_one_frame_clip_decodes_as_vllm(installed, codec):
+    """A one-frame mp4: vLLM's check seeks the capture to the end and back, after which OpenCV
+    reads no frame (stock gives 0 frames); the fast path must give exactly that, not 1 frame."""
+    if codec == "h264":
+        buf = io.BytesIO()
+        write_h264(buf, [noise(48, 64, 0)], fps=2)
+        data = buf.getvalue()
+    else:
+        data = media_files.mp4_bytes(1, 64, 48, seed=1, fourcc=codec)
+    media.set_fast_path(True)
+    load(data, num_frames=32)  # the counters exist from here on
+    before = outcomes()
+    (stock, stock_meta), (fast, fast_meta) = both(data, num_frames=32)
+    assert outcomes() == before  # vLLM's own decode answered: nothing skipped or moved
+    assert fast.shape == stock.shape and np.array_equal(stock, fast)
+    assert stock_meta == fast_meta

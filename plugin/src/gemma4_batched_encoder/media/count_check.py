@@ -21,7 +21,10 @@ Most videos need no check at all: where the mp4's sample table vouches for the h
 truncated) and the decode itself read every frame up to the last one the table lists (the seek
 would land there), the check cannot correct, so it is not run, and the clip costs one decode of
 CPU instead of two (the SLO's clip: every frame is sampled). Otherwise it runs as above. The
-outcomes are counted (`gemma4_media_frame_count_check_total{outcome}`).
+outcomes are counted (`gemma4_media_frame_count_check_total{outcome}`). A clip whose header
+counts at most one frame goes to vLLM's own decode, uncounted: there, the check's seek back to
+frame 0 leaves OpenCV with no frame to read (stock vLLM answers a one-frame mp4 with 0 frames),
+which a decode without the seek would not reproduce.
 
 Captures are never `release()`d explicitly, as vLLM does not: with OpenCV 5.0's Python-stream
 captures, an explicit release in one thread while another thread decodes crashed the process
@@ -90,6 +93,10 @@ def _overlapped(module: Any, loader_cls: Any, data: bytes, target: Any, sampling
         int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
     )
     header = header_source(module, cap)
+    if header.total_frames_num <= 1:
+        # vLLM's check seeks this capture to the end and back to frame 0, after which OpenCV
+        # reads no frame of a one-frame clip: only vLLM's own decode gives its (empty) result.
+        return None
     plain = not frame_recovery and mp4_plain.frame_count(data) == header.total_frames_num > 0
     checked = None if plain else _pool.submit(checked_source, mixin, data)
     source = loader_cls._prepare_source(header)
