@@ -53,8 +53,9 @@ CONFIG: dict[str, Any] = {
     "vllm_selector": 'namespace=~"$namespace", model_name=~"$model", pod=~"$pod"',
     "pod_selector": 'namespace=~"$namespace", pod=~"$pod"',
     "loadtest_selector": 'workload=~"$workload"',
-    # Rules aggregate by these labels (Prometheus Operator adds namespace/pod to targets).
-    "slo_by": "namespace, model_name",
+    # Rules aggregate by these labels (Prometheus Operator adds namespace/pod to targets;
+    # service keeps two releases in one namespace apart, each with its own PrometheusRule).
+    "slo_by": "namespace, service, model_name",
     "slo_seconds": 0.3,  # the 300 ms e2e SLO; must be a bucket boundary ("0.3")
     "slo_objective": 0.95,  # 95 % of requests within 300 ms (a p95 SLO)
     # (long, short, burn factor, severity, for) - kubernetes-mixin windows, 30-day budget.
@@ -64,10 +65,11 @@ CONFIG: dict[str, Any] = {
         ("1d", "2h", 3, "warning", "1h"),
         ("3d", "6h", 1, "warning", "3h"),
     ],
-    # The scrape targets the target-health alerts watch, as label matchers. The plain rule files
-    # match on the job name; the Helm chart replaces this exact text with the release's
-    # namespace="...", service="..." (templates/prometheusrule.yaml), so fullnameOverride, the
-    # annotations mode's kubernetes-service-endpoints job and other teams' vLLM do not matter there.
+    # The scrape targets every rule reads (each selector of the recording rules and alerts), as
+    # label matchers. The plain rule files match on the job name; the Helm chart replaces this
+    # exact text with the release's namespace="...", service="..."
+    # (templates/prometheusrule.yaml), so fullnameOverride, the annotations mode's
+    # kubernetes-service-endpoints job and other teams' vLLM (or another release) do not matter.
     "vllm_target_selector": 'job=~".*(vllm|gemma4).*"',
     "runbook_base_url": "https://github.com/gemma4-serving/gemma4-serving/blob/main/dashboards/runbooks.md",
     "waiting_queue_min": 5,
@@ -1099,6 +1101,11 @@ def runbook(alert: str) -> str:
     return f"{CONFIG['runbook_base_url']}#{alert.lower()}"
 
 
+def targets(*matchers: str) -> str:
+    """A selector of the rules: the given matchers plus CONFIG["vllm_target_selector"]."""
+    return ", ".join((*matchers, CONFIG["vllm_target_selector"]))
+
+
 def slo_rules() -> dict[str, Any]:
     by = CONFIG["slo_by"]
     le = le_str(CONFIG["slo_seconds"])
@@ -1107,12 +1114,13 @@ def slo_rules() -> dict[str, Any]:
         {w for long, short, *_ in CONFIG["burn_windows"] for w in (long, short)}, key=_seconds
     )
     e2e = LATENCY_FAMILIES["e2e"]
+    bucket = targets(f'le="{le}"')
 
     def error_ratio(w: str) -> str:
         def one(metric: str) -> str:
             return (
-                f'1 - (\n  sum by ({by}) (rate({metric}_bucket{{le="{le}"}}[{w}]))\n'
-                f"  /\n  (sum by ({by}) (rate({metric}_count[{w}])) > 0)\n)"
+                f"1 - (\n  sum by ({by}) (rate({metric}_bucket{{{bucket}}}[{w}]))\n"
+                f"  /\n  (sum by ({by}) (rate({metric}_count{{{targets()}}}[{w}])) > 0)\n)"
             )
 
         # Plugin's fine histogram first; vLLM's own le="0.3" bucket where the plugin is absent.
@@ -1129,15 +1137,15 @@ def slo_rules() -> dict[str, Any]:
                     "record": f"gemma4:request_{short}_seconds:p{round(q * 100)}_rate5m",
                     "expr": (
                         f"histogram_quantile({q}, sum by ({by}, le) "
-                        f"(rate({LATENCY_FAMILIES[fam]}_bucket[5m]))) >= 0\n"
+                        f"(rate({LATENCY_FAMILIES[fam]}_bucket{{{targets()}}}[5m]))) >= 0\n"
                     ),
                 }
             )
     recording.append(
         {
             "record": "gemma4:encoder_seconds:p95_rate5m",
-            "expr": "histogram_quantile(0.95, sum by (namespace, path, le) "
-            "(rate(gemma4_encoder_seconds_bucket[5m]))) >= 0\n",
+            "expr": "histogram_quantile(0.95, sum by (namespace, service, path, le) "
+            f"(rate(gemma4_encoder_seconds_bucket{{{targets()}}}[5m]))) >= 0\n",
         }
     )
 
@@ -1174,8 +1182,12 @@ def slo_rules() -> dict[str, Any]:
     }
 
 
+FAILED = 'state="failed"'
+RUNNABLE = 'state="runnable"'
+
+
 def serving_alerts() -> dict[str, Any]:
-    targets = CONFIG["vllm_target_selector"]
+    up = targets()
     qmin = CONFIG["waiting_queue_min"]
     cpu_wait = CONFIG["media_cpu_wait_max"]
     media = MEDIA_WAIT_STAGES
@@ -1183,7 +1195,7 @@ def serving_alerts() -> dict[str, Any]:
         {
             "alert": "Gemma4EncoderFallbacks",
             "expr": "sum by (namespace, pod, reason) "
-            "(increase(gemma4_encoder_fallbacks_total[10m])) > 0\n",
+            f"(increase(gemma4_encoder_fallbacks_total{{{targets()}}}[10m])) > 0\n",
             "for": "5m",
             "labels": {"severity": "warning"},
             "annotations": {
@@ -1197,7 +1209,7 @@ def serving_alerts() -> dict[str, Any]:
         {
             "alert": "Gemma4EncoderVerifyMismatch",
             "expr": "sum by (namespace, pod) "
-            "(increase(gemma4_encoder_verify_mismatches_total[10m])) > 0\n",
+            f"(increase(gemma4_encoder_verify_mismatches_total{{{targets()}}}[10m])) > 0\n",
             "labels": {"severity": "critical"},
             "annotations": {
                 "summary": "Batched encoder output differs from the stock encoder.",
@@ -1209,7 +1221,8 @@ def serving_alerts() -> dict[str, Any]:
         },
         {
             "alert": "Gemma4EncoderGraphCaptureFailed",
-            "expr": 'max by (namespace, pod) (gemma4_encoder_cuda_graphs{state="failed"}) > 0\n',
+            "expr": "max by (namespace, pod) "
+            f"(gemma4_encoder_cuda_graphs{{{targets(FAILED)}}}) > 0\n",
             "for": "15m",
             "labels": {"severity": "warning"},
             "annotations": {
@@ -1222,7 +1235,7 @@ def serving_alerts() -> dict[str, Any]:
         },
         {
             "alert": "Gemma4VllmTargetDown",
-            "expr": f"up{{{targets}}} == 0\n",
+            "expr": f"up{{{up}}} == 0\n",
             "for": "5m",
             "labels": {"severity": "critical"},
             "annotations": {
@@ -1235,26 +1248,24 @@ def serving_alerts() -> dict[str, Any]:
         },
         {
             "alert": "Gemma4VllmTargetMissing",
-            "expr": f"absent(up{{{targets}}} == 1)\n",
+            "expr": f"absent(up{{{up}}} == 1)\n",
             "for": "10m",
             "labels": {"severity": "critical"},
             "annotations": {
                 "summary": "No vLLM scrape target is up.",
-                "description": "No scrape target matching {targets} has been up for 10 "
+                "description": "No scrape target matching {up} has been up for 10 "
                 "minutes: no vLLM pods, or the ServiceMonitor/PrometheusRule selectors do not "
-                "match. SLO and encoder alerts cannot fire without data.".replace(
-                    "{targets}", targets
-                ),
+                "match. SLO and encoder alerts cannot fire without data.".replace("{up}", up),
                 "runbook_url": runbook("Gemma4VllmTargetMissing"),
             },
         },
         {
             "alert": "Gemma4VllmWaitingQueueGrowing",
             "expr": (
-                "sum by (namespace, pod, model_name) (vllm:num_requests_waiting) "
+                f"sum by (namespace, pod, model_name) (vllm:num_requests_waiting{{{targets()}}}) "
                 f"> {qmin}\nand\n"
-                "sum by (namespace, pod, model_name) (deriv(vllm:num_requests_waiting[10m])) "
-                "> 0\n"
+                "sum by (namespace, pod, model_name) "
+                f"(deriv(vllm:num_requests_waiting{{{targets()}}}[10m])) > 0\n"
             ),
             "for": "10m",
             "labels": {"severity": "warning"},
@@ -1270,9 +1281,9 @@ def serving_alerts() -> dict[str, Any]:
             "alert": "Gemma4MediaCpuStarved",
             "expr": (
                 "sum by (namespace, pod) (rate(gemma4_media_preprocess_thread_seconds_total"
-                f'{{state="runnable", {media}}}[10m]))\n/\n'
+                f"{{{targets(RUNNABLE, media)}}}[10m]))\n/\n"
                 "sum by (namespace, pod) (rate(gemma4_media_preprocess_seconds_sum"
-                f"{{{media}}}[10m]))\n> {cpu_wait}\n"
+                f"{{{targets(media)}}}[10m]))\n> {cpu_wait}\n"
             ),
             "for": "15m",
             "labels": {"severity": "warning"},

@@ -174,6 +174,113 @@ def test_target_alerts_watch_this_release_only(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# Each rule-based alert and input series that fire it (fed by one scrape target's labels, {L}),
+# with the time to look. Another team's vLLM and another release of this chart in the same
+# namespace both have job names the plain files' pattern matches.
+SCOPED_ALERTS = {
+    "Gemma4EncoderFallbacks": (
+        [('gemma4_encoder_fallbacks_total{L, pod="p-0", reason="oom"}', "0+1x40")],
+        "30m",
+    ),
+    "Gemma4EncoderVerifyMismatch": (
+        [('gemma4_encoder_verify_mismatches_total{L, pod="p-0"}', "0x4 1x36")],
+        "10m",
+    ),
+    "Gemma4EncoderGraphCaptureFailed": (
+        [('gemma4_encoder_cuda_graphs{L, pod="p-0", state="failed"}', "2x40")],
+        "30m",
+    ),
+    "Gemma4VllmWaitingQueueGrowing": (
+        [('vllm:num_requests_waiting{L, pod="p-0", model_name="gemma"}', "0+1x40")],
+        "30m",
+    ),
+    "Gemma4MediaCpuStarved": (
+        [
+            (
+                "gemma4_media_preprocess_thread_seconds_total"
+                '{L, pod="p-0", stage="mm_processor", state="runnable"}',
+                "0+3x40",
+            ),
+            ('gemma4_media_preprocess_seconds_sum{L, pod="p-0", stage="mm_processor"}', "0+10x40"),
+        ],
+        "30m",
+    ),
+    # every request slower than 300 ms, in the plugin's histogram or only in vLLM's own (the
+    # SLO recording rules' fallback, which any vLLM exports)
+    "Gemma4LatencySLOBudgetBurn": (
+        [
+            ('gemma4_request_e2e_latency_seconds_bucket{L, model_name="gemma", le="0.3"}', "0x90"),
+            ('gemma4_request_e2e_latency_seconds_count{L, model_name="gemma"}', "0+60x90"),
+        ],
+        "60m",
+    ),
+    "Gemma4LatencySLOBudgetBurn/vllm-histogram": (
+        [
+            ('vllm:e2e_request_latency_seconds_bucket{L, model_name="gemma", le="0.3"}', "0x90"),
+            ('vllm:e2e_request_latency_seconds_count{L, model_name="gemma"}', "0+60x90"),
+        ],
+        "60m",
+    ),
+}
+
+
+def test_every_alert_watches_this_release_only(tmp_path):
+    """Every alert of the PrometheusRule (and the SLO recording rules under the burn-rate alert)
+    reads only this release's targets (namespace + service): the same series from another
+    team's vLLM, or from another release of the chart in the same namespace, fire nothing, while
+    this release's fire (promtool on the rendered rules; ALERTS read back by alert name)."""
+    promtool = require_tool(shutil.which("promtool"), "promtool")
+    pr = one(render("default", api="operator"), "PrometheusRule")
+    groups = pr["spec"]["groups"]
+    alerts = {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+    scoped = {a.split("/")[0] for a in SCOPED_ALERTS}
+    assert alerts - scoped == {"Gemma4VllmTargetDown", "Gemma4VllmTargetMissing"}  # tested above
+    selector = f'namespace="{NAMESPACE}", service="{FULLNAME}"'
+    for g in groups:  # every selector of every rule carries the release's matchers
+        for r in g["rules"]:
+            for sel in re.findall(r"[a-z_:]+\{([^}]*)\}", r["expr"]):
+                assert selector in sel, (r.get("alert") or r["record"], sel)
+    rules = tmp_path / "rendered.yaml"
+    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    ours = f'job="g4", instance="10.0.0.1:8000", {selector}'
+    foreign = [
+        'job="vllm", instance="10.0.1.1:8000", namespace="team-b", service="vllm"',
+        f'job="other-gemma4-serving", instance="10.0.0.2:8000", namespace="{NAMESPACE}", '
+        'service="other-gemma4-serving"',
+    ]
+    tests = []
+    for key, (series, at) in SCOPED_ALERTS.items():
+        alert = key.split("/")[0]
+        expr = f'max by (alertname) (ALERTS{{alertname="{alert}", alertstate="firing"}})'
+        for targets, firing in (([ours], True), (foreign, False)):
+            tests.append(
+                {
+                    "interval": "1m",
+                    "input_series": [
+                        {"series": s.replace("L", t, 1), "values": v}
+                        for t in targets
+                        for s, v in series
+                    ],
+                    "promql_expr_test": [
+                        {
+                            "expr": expr,
+                            "eval_time": at,
+                            "exp_samples": (
+                                [{"labels": f'{{alertname="{alert}"}}', "value": 1}]
+                                if firing
+                                else []
+                            ),
+                        }
+                    ],
+                }
+            )
+    spec = tmp_path / "test.yaml"
+    spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m",
+                                    "tests": tests}))  # fmt: skip
+    proc = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_rules_and_dashboards_follow_new_files(tmp_path):
     """A new dashboard or rule file appears in the chart with no chart change (symlink +
     Files.Glob), and Grafana's {{legend}} syntax passes through untouched."""

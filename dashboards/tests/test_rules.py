@@ -113,7 +113,30 @@ def test_burn_rate_alerts_cover_the_four_windows() -> None:
 def test_slo_sli_uses_the_03_bucket_with_vllm_fallback() -> None:
     rec = {r["record"]: r["expr"] for r in _rules() if "record" in r}
     expr = rec["gemma4:request_e2e_slo_error_ratio:rate5m"]
-    assert 'gemma4_request_e2e_latency_seconds_bucket{le="0.3"}' in expr
-    assert 'vllm:e2e_request_latency_seconds_bucket{le="0.3"}' in expr
+    assert 'gemma4_request_e2e_latency_seconds_bucket{le="0.3", job=~' in expr
+    assert 'vllm:e2e_request_latency_seconds_bucket{le="0.3", job=~' in expr
     # the plugin's series first: `or` keeps the left side where both exist
     assert expr.index("gemma4_request_e2e") < expr.index("\nor\n") < expr.index("vllm:e2e")
+
+
+def test_every_rule_selector_carries_the_target_matchers() -> None:
+    """Each metric selector of every rule (recording rules and alerts) carries
+    CONFIG["vllm_target_selector"] (the text the chart swaps for the release's namespace and
+    service), so no rule reads another team's vLLM; the recording rules keep service."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "generate", dashlib.RULES_DIR.parent / "generate.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    targets = module.CONFIG["vllm_target_selector"]
+    for rule in _rules():
+        name = rule.get("alert") or rule["record"]
+        # raw series: names with a "{" (recording-rule outputs gemma4:* are read bare)
+        bare = re.findall(r"\b(gemma4_[a-z_]+|vllm:[a-z_]+|up)\b(?!\{)(?![a-z_:])", rule["expr"])
+        assert not bare, (name, bare)
+        for sel in re.findall(r"[a-z_:]+\{([^}]*)\}", rule["expr"]):
+            assert targets in sel, (name, sel)
+        if "record" in rule and "sum by" in rule["expr"]:
+            assert re.search(r"sum by \([^)]*\bservice\b", rule["expr"]), name

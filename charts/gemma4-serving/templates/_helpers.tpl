@@ -112,7 +112,7 @@ files next to them have `rule_files:`/`tests:` instead and are skipped). Returns
 {{- toYaml $out }}
 {{- end }}
 
-{{/* The target matchers of the rule files' target-health alerts: dashboards/generate.py's
+{{/* The target matchers in every selector of the rule files: dashboards/generate.py's
 CONFIG["vllm_target_selector"], verbatim (charts/tests/test_rules_and_schema.py checks that the
 rendered rules keep none of it). */}}
 {{- define "gemma4-serving.ruleTargetSelector" -}}
