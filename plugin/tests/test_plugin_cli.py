@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = str(Path(__file__).parents[1] / "src")
 
 
@@ -119,3 +121,70 @@ def test_stacked_layout_as_vllm_hands_frames(tmp_path):
     assert (
         mixed.returncode == 2 and "--layout stacked needs items of one padded size" in mixed.stderr
     )
+
+
+CONFIGS = {
+    "missing.json": None,
+    "malformed.json": "{not json",
+    "list.json": "[1, 2]",
+    "nested-list.json": '{"vision_config": [1]}',
+    "wrong-type.json": '{"hidden_size": "abc"}',
+    "zero-size.json": '{"pooling_kernel_size": 0}',
+}
+
+# (CLI and arguments, the option the one-line error must name)
+USAGE_ERRORS = {
+    "config missing": (("verify", "--config", "{dir}/missing.json"), "--config"),
+    "config malformed": (("verify", "--config", "{dir}/malformed.json"), "--config"),
+    "config is a JSON list": (("bench", "--config", "{dir}/list.json"), "--config"),
+    "vision_config a list": (("verify", "--config", "{dir}/nested-list.json"), "--config"),
+    "config wrong type": (("verify", "--config", "{dir}/wrong-type.json"), "--config"),
+    "config zero size": (("bench", "--config", "{dir}/zero-size.json"), "--config"),
+    "image aspect 0": (("verify", "--images", "1", "--image-aspects", "0"), "--image-aspects"),
+    "image aspect abc": (("bench", "--images", "1", "--image-aspects", "abc"), "--image-aspects"),
+    "image budget 0": (("verify", "--images", "1", "--image-budgets", "0"), "--image-budgets"),
+    "repeats 0": (("bench", "--repeats", "0"), "--repeats"),
+    "warmup -1": (("bench", "--warmup", "-1"), "--warmup"),
+    "videos abc (verify)": (("verify", "--videos", "abc"), "--videos"),
+    "videos abc (bench)": (("bench", "--videos", "abc"), "--videos"),
+    "frames 0": (("verify", "--frames", "0"), "--frames"),
+    "frames abc": (("verify", "--frames", "abc"), "--frames"),
+    "nothing to encode": (("verify", "--videos", "0"), "--videos"),
+    "grid off the kernel": (("verify", "--frame-grid", "20x20", "--videos", "1"), "--frame-grid"),
+    "unknown method": (("bench", "--methods", "serial,nope"), "--methods"),
+    "negative tolerance": (("verify", "--tolerance", "-1"), "--tolerance"),
+}
+
+
+@pytest.fixture(scope="module")
+def usage_runs(tmp_path_factory):
+    """Every case at once (each is a process that imports torch)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path_factory.mktemp("usage")
+    for name, text in CONFIGS.items():
+        if text is not None:
+            (tmp / name).write_text(text)
+
+    def one(case: str) -> tuple[subprocess.CompletedProcess, Path]:
+        args, _ = USAGE_ERRORS[case]
+        out = tmp / f"{abs(hash(case))}.json"
+        return cli(*(a.format(dir=tmp) for a in args), "--out", str(out)), out
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(USAGE_ERRORS, pool.map(one, USAGE_ERRORS), strict=True))
+
+
+@pytest.mark.parametrize("case", list(USAGE_ERRORS))
+def test_bad_arguments_are_one_line_usage_errors(usage_runs, case):
+    """Exit 2 (1 is verify's "not bit-identical"), one 'error:' line naming the option, no
+    traceback, and nothing written to --out."""
+    proc, out = usage_runs[case]
+    option = USAGE_ERRORS[case][1]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    assert option in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+    assert proc.stdout == ""

@@ -28,6 +28,8 @@ import torch
 
 from . import __version__
 from .cli_common import (
+    Parser,
+    UsageError,
     add_common,
     composition,
     inputs,
@@ -99,9 +101,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
         "fast": BatchedVisionEncoder(fast_vt, replace(base, mode="fast", cuda_graphs=cuda)),
     }
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
     for graphs_only in ("exact-graphs", "exact-fused"):
         if not cuda and graphs_only in methods:
             methods.remove(graphs_only)  # graphs exist only on CUDA
@@ -188,8 +187,20 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check(args: argparse.Namespace) -> None:
+    """bench's own options (``cli_common.check_args`` checks the shared ones)."""
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not methods:
+        raise UsageError(f"--methods {args.methods!r}: choose from {','.join(METHODS)}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup {args.warmup}: must be >= 0")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: must be >= 1 (the median of the timed runs)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m gemma4_batched_encoder.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "inside the timed call, as for images and in the bench before 2026-12-03)",
     )
     args = p.parse_args(argv)
-    return 2 if run_and_write(args, run, table) is None else 0
+    return 2 if run_and_write(args, run, table, check) is None else 0
 
 
 if __name__ == "__main__":

@@ -3,20 +3,113 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from . import synthetic as S
+from .presets import VISION_PRESETS
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
+class UsageError(ValueError):
+    """Bad arguments, as one line naming the option: exit 2 (verify's 1 means "not
+    bit-identical", so a usage error must never look like that)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (``--help`` still shows the usage); exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
 def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def checked_ints(option: str, text: str, minimum: int) -> list[int]:
+    """A comma list of integers >= ``minimum`` for ``option``, at least one."""
+    try:
+        values = int_list(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected integers, comma separated") from None
+    if not values:
+        raise UsageError(f"{option} {text!r}: expected at least one integer")
+    if min(values) < minimum:
+        raise UsageError(f"{option} {text!r}: every value must be >= {minimum}")
+    return values
+
+
+def checked_count(option: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise UsageError(f"{option} {value}: must be >= {minimum}")
+
+
+# Sizes the tower divides or allocates by (the config's types are checked by transformers).
+_POSITIVE_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "patch_size",
+    "pooling_kernel_size",
+    "position_embedding_size",
+)
+
+
+def _checked_config(path: str) -> dict[str, Any]:
+    """--config's kwargs, checked by ``Gemma4VisionConfig`` itself (types included)."""
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig
+
+    try:
+        kwargs = S.vision_config_kwargs(None, path)
+        config = Gemma4VisionConfig(**kwargs)
+        for name in _POSITIVE_SIZES:
+            value = getattr(config, name, 1)
+            if isinstance(value, int) and value < 1:
+                raise ValueError(f"{name} is {value}, must be >= 1")
+    except Exception as exc:  # strict-dataclass errors are TypeErrors, often several lines
+        message = _one_line(exc)
+        raise UsageError(
+            f"--config {message if message.startswith(path) else f'{path}: {message}'}"
+        ) from None
+    return kwargs
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every check that needs no tower: raise UsageError naming the option. Runs before
+    anything is built or written (``--out`` included)."""
+    if args.config is not None:
+        args.vision_kwargs = _checked_config(args.config)
+    elif args.preset not in VISION_PRESETS:
+        raise UsageError(f"--preset {args.preset!r}: choose from {', '.join(VISION_PRESETS)}")
+    checked_count("--frames", args.frames, 1)
+    checked_count("--frame-budget", args.frame_budget, 1)
+    checked_count("--images", args.images, 0)
+    grids = [g.strip().lower().partition("x") for g in args.frame_grid.split(",") if g.strip()]
+    if not grids or not all(h.isdigit() and w.isdigit() and int(h) * int(w) for h, _, w in grids):
+        raise UsageError(f"--frame-grid {args.frame_grid!r}: expected HxW patch grids, e.g. 21x27")
+    checked_ints("--image-budgets", args.image_budgets, 1)
+    try:
+        aspects = [float(a) for a in args.image_aspects.split(",") if a.strip()]
+    except ValueError:
+        aspects = []
+    if not aspects or not all(math.isfinite(a) and a > 0 for a in aspects):
+        raise UsageError(f"--image-aspects {args.image_aspects!r}: expected positive numbers (w/h)")
+    videos = checked_ints("--videos", args.videos, 0)
+    if args.images == 0 and not any(videos):
+        raise UsageError(f"--videos {args.videos!r} with --images 0: no videos and no images")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -60,19 +153,24 @@ def run_and_write(
     args: argparse.Namespace,
     run: Callable[[argparse.Namespace], dict[str, Any]],
     render: Callable[[dict[str, Any]], str],
+    check: Callable[[argparse.Namespace], None] | None = None,
 ) -> dict[str, Any] | None:
-    """Run a CLI's measurement, print `render(result)` and write its JSON to --out.
+    """Check the arguments (``check_args``, then the CLI's own ``check``), run the CLI's
+    measurement, print `render(result)` and write its JSON to --out.
 
-    Returns None after printing the reason when the arguments cannot run here (exit code 2)."""
+    Returns None after printing the reason, one line, when the arguments cannot run here (exit
+    code 2); nothing is written then."""
     import json
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: CUDA is not available", file=sys.stderr)
-        return None
     try:
+        check_args(args)
+        if check is not None:
+            check(args)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available")
         result = run(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # UsageError, and what the batch cannot be (e.g. --layout)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return None
     print(render(result))
     if args.out:
@@ -97,25 +195,47 @@ class Composition:
 
 
 def composition(args: argparse.Namespace, videos: int, k: int) -> Composition:
+    """The call's items; UsageError where the (checked) options do not fit this tower's pooling
+    kernel ``k``."""
     grids = [S.parse_grid(g) for g in args.frame_grid.split(",") if g.strip()]
+    for h, w in grids:
+        if h % k or w % k or h * w > args.frame_budget * k * k:
+            raise UsageError(
+                f"--frame-grid {h}x{w}: must be multiples of {k} (the tower's pooling kernel) "
+                f"and fit --frame-budget {args.frame_budget} ({args.frame_budget * k * k} patches)"
+            )
     media: list[S.Media] = []
     for v in range(videos):
         media += [S.Media("frame", grids[v % len(grids)], args.frame_budget)] * args.frames
     budgets = int_list(args.image_budgets)
     aspects = [float(a) for a in args.image_aspects.split(",") if a.strip()]
     for i in range(args.images):
-        budget = budgets[i % len(budgets)]
-        media.append(
-            S.Media("image", S.grid_for_budget(budget, k, aspects[i % len(aspects)]), budget)
-        )
+        budget, aspect = budgets[i % len(budgets)], aspects[i % len(aspects)]
+        grid = S.grid_for_budget(budget, k, aspect)
+        if min(grid) < k:
+            raise UsageError(
+                f"--image-aspects {aspect:g}: no {k}-aligned grid of that shape within "
+                f"--image-budgets {budget}"
+            )
+        media.append(S.Media("image", grid, budget))
     return Composition(media, [args.frames] * videos)
 
 
 def load_tower(args: argparse.Namespace) -> torch.nn.Module:
-    kwargs = S.vision_config_kwargs(None if args.config else args.preset, args.config)
-    return S.build_vision_tower(
-        kwargs, seed=args.seed, dtype=DTYPES[args.dtype], device=args.device
+    kwargs = getattr(args, "vision_kwargs", None) or S.vision_config_kwargs(
+        None if args.config else args.preset, args.config
     )
+    try:
+        return S.build_vision_tower(
+            kwargs, seed=args.seed, dtype=DTYPES[args.dtype], device=args.device
+        )
+    except Exception as exc:  # values the config accepts but no tower can be built from
+        if args.config is None:
+            raise
+        raise UsageError(
+            f"--config {args.config}: no vision tower from it ({type(exc).__name__}: "
+            f"{_one_line(exc)})"
+        ) from None
 
 
 def inputs(

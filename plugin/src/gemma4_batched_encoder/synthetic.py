@@ -11,14 +11,30 @@ import torch
 
 from .presets import VISION_PRESETS
 
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+_JSON_KINDS[type(None)] = "null"
+
 
 def vision_config_kwargs(
     preset: str | None = None, config_path: str | Path | None = None
 ) -> dict[str, Any]:
     if config_path is not None:
-        data = json.loads(Path(config_path).read_text())
+        try:
+            data = json.loads(Path(config_path).read_text())
+        except OSError as exc:
+            raise ValueError(f"{config_path}: cannot read ({exc.strerror or exc})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{config_path}: not a JSON file ({exc})") from None
         # Accept a full model config.json too.
-        return dict(data.get("vision_config", data))
+        vision = data.get("vision_config", data) if isinstance(data, dict) else data
+        if not isinstance(vision, dict):
+            where = "its vision_config" if vision is not data else "the file"
+            kind = _JSON_KINDS.get(type(vision), type(vision).__name__)
+            raise ValueError(
+                f"{config_path}: {where} is a JSON {kind}, expected an object "
+                "(Gemma4VisionConfig kwargs or a model config.json)"
+            )
+        return dict(vision)
     if preset not in VISION_PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(VISION_PRESETS)}")
     return dict(VISION_PRESETS[preset])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -19,6 +20,8 @@ import torch
 
 from . import __version__
 from .cli_common import (
+    Parser,
+    UsageError,
     add_common,
     composition,
     inputs,
@@ -196,8 +199,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def check(args: argparse.Namespace) -> None:
+    """verify's own options (``cli_common.check_args`` checks the shared ones)."""
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise UsageError(f"--tolerance {args.tolerance}: must be a finite number >= 0")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m gemma4_batched_encoder.verify",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -229,11 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure a naive one-GEMM batched pooler against the per-item pooler",
     )
     args = p.parse_args(argv)
-    result = run_and_write(args, run, lambda r: json.dumps(r, indent=2))
+    result = run_and_write(args, run, lambda r: json.dumps(r, indent=2), check)
     if result is None:
-        return 2
-    if not result["calls"]:
-        print("error: nothing to verify (no videos and no images)", file=sys.stderr)
         return 2
     if args.mode == "exact":
         return 0 if result["bit_identical"] else 1
