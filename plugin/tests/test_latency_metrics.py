@@ -399,3 +399,18 @@ def test_each_registry_gets_its_own_families_even_at_a_reused_address() -> None:
         assert _value(reg, f"{lm.TTFT_METRIC}_count", **labels) == 1
         del reg
         gc.collect()
+
+
+def test_contract_table_lists_every_label():
+    """docs/architecture.md is the metric contract: each gemma4_request_* row names exactly the
+    labels the registered families carry (``engine`` was missing once)."""
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    families = lm.latency_histograms(CollectorRegistry())
+    columns = (families.ttft, families.e2e, families.itl)
+    for name, family in zip(lm.METRIC_NAMES, columns, strict=True):
+        (row,) = [line for line in text.splitlines() if line.startswith(f"| `{name}` |")]
+        documented = re.findall(r"`([a-z_]+)`", row.split("|")[3])
+        assert tuple(family._labelnames) == lm.LABEL_NAMES
+        assert sorted(documented) == sorted(lm.LABEL_NAMES), row
