@@ -258,7 +258,7 @@ def test_no_streamed_content_is_diagnosed(tmp_path: Path) -> None:
     assert "**TTFT/ITL not (fully) measured** at text 2 req/s" in md
     assert """--extra-body '{"skip_special_tokens": false}'""" in md
     assert "## Notes" in md and "- text 2 req/s: no streamed content arrived" in md
-    assert "extra request body" not in md
+    assert "- extra request body" not in md and "| extra request body | none |" in md
 
 
 def test_connection_per_request_closes_every_connection(tmp_path: Path) -> None:
