@@ -149,7 +149,7 @@ def test_no_warm_up_when_off_or_a_failure_only_logs(monkeypatch, caplog):
 
 @pytest.mark.parametrize(
     ("raw", "want"),
-    [(None, (70,)), ("70,280", (70, 280)), (" 280 ", (280,)), ("off", ()), ("", ())],
+    [(None, (70,)), ("70,280", (70, 280)), (" 280 ", (280,)), ("off", ()), ("", (70,))],
 )
 def test_setting_parses(monkeypatch, raw, want):
     if raw is None:
