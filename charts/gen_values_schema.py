@@ -120,6 +120,20 @@ DEFINITIONS: dict[str, Any] = {
             "claims": array(),
         }
     ),
+    # Closed, with string values: `--set tolerations[0].value=true` would otherwise render a YAML
+    # boolean the API server rejects only at install time, and a misspelt field would be dropped.
+    "toleration": obj(
+        {
+            "key": string(),
+            "operator": {"type": "string", "enum": ["Exists", "Equal"]},
+            "value": string("A string: use --set-string for true/false or numbers"),
+            "effect": {
+                "type": "string",
+                "enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"],
+            },
+            "tolerationSeconds": {"type": "integer"},
+        }
+    ),
     "envList": array(
         "EnvVar objects (use valueFrom.secretKeyRef for secrets)",
         obj({"name": string(minLength=1)}, required=["name"], addl=True),
@@ -255,7 +269,7 @@ VALUES = obj(
         ),
         "resources": ref("resources"),
         "nodeSelector": strmap(),
-        "tolerations": array(),
+        "tolerations": array(items=ref("toleration")),
         "affinity": free(),
         "topologySpreadConstraints": array(),
         "runtimeClassName": string(),
@@ -551,7 +565,7 @@ VALUES = obj(
                 ),
                 "resources": ref("resources"),
                 "nodeSelector": strmap(),
-                "tolerations": array(),
+                "tolerations": array(items=ref("toleration")),
                 "affinity": free(),
             }
         ),

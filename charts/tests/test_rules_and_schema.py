@@ -376,7 +376,31 @@ BAD_VALUES = [
         "/modelCache/accessModes/0",
         "value must be one of",
     ),
+    # --set turns true into a YAML boolean the API server would reject only at install time
+    ("tolerations[0].value=true", "/tolerations/0/value", "got boolean, want string"),
+    (
+        "loadtest.tolerations[0].effect=NoSchedul",
+        "/loadtest/tolerations/0/effect",
+        "must be one of",
+    ),
+    ("tolerations[0].operater=Exists", "/tolerations/0", "additional properties 'operater'"),
 ]
+
+
+def test_toleration_value_as_string_is_accepted():
+    """The schema's way out for true/false values (its error message names --set-string)."""
+    out = helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set-string",
+        "tolerations[0].value=true",
+        "--set",
+        "tolerations[0].key=dedicated",
+        "--set",
+        "tolerations[0].operator=Equal",
+    ).stdout
+    assert 'value: "true"' in out or "value: 'true'" in out, out
 
 
 @pytest.mark.parametrize(("setting", "path", "message"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
