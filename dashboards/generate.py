@@ -752,7 +752,8 @@ def encoder_dashboard() -> dict[str, Any]:
     b.row("What is in force")
     in_force = table(
         "Encoder mode per pod",
-        "gemma4_encoder_info (=1) per pod: mode (exact = bit-identical batched, fast, "
+        "gemma4_encoder_info == 1 per pod (a label set replaced at run time stays at 0: "
+        "left out): mode (exact = bit-identical batched, fast, "
         "stock = plugin off), fast mode's layers in force (GEMMA4_ENCODER_FAST_KERNELS), whether "
         "encoder CUDA graphs are on, vLLM and plugin versions; 'fused layers' = "
         "gemma4_encoder_fused_layers (1: exact mode runs the inductor-fused layers, "
@@ -763,7 +764,7 @@ def encoder_dashboard() -> dict[str, Any]:
         [
             (
                 "max by (pod, mode, fast_kernels, cuda_graphs, vllm_version, plugin_version) "
-                f"(gemma4_encoder_info{{{p}}})",
+                f"(gemma4_encoder_info{{{p}}} == 1)",
                 "",
             ),
             (f"max by (pod) (gemma4_encoder_fused_layers{{{p}}})", ""),

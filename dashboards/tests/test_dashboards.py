@@ -209,3 +209,47 @@ def test_loadtest_names_match_the_loadtest_package() -> None:
     }
     unknown = written - set(gen.LOADTEST_METRICS)
     assert not unknown, f"loadtest pushes metrics the dashboard does not use: {unknown}"
+
+
+def test_encoder_mode_table_shows_only_the_label_set_in_force(tmp_path: Path) -> None:
+    """The plugin sets a replaced gemma4_encoder_info label set to 0 (multiprocess gauges cannot
+    be cleared); the mode table must list the set at 1 only, evaluated by promtool."""
+    panel = next(
+        p
+        for p in dashlib.iter_panels(DASHBOARDS["gemma4-encoder.json"])
+        if p.get("title") == "Encoder mode per pod"
+    )
+    expr = dashlib.substitute(panel["targets"][0]["expr"])
+    info = 'gemma4_encoder_info{namespace="ns", pod="p0", cuda_graphs="true", mode="%s", '
+    info += 'fast_kernels="%s", vllm_version="0.26.0", plugin_version="0.1.0"}'
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": info % ("exact", "none"), "values": "0x5"},
+                    {"series": info % ("fast", "merged-triton"), "values": "1x5"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {
+                                "labels": "{"
+                                + 'cuda_graphs="true", fast_kernels="merged-triton", mode="fast", '
+                                + 'plugin_version="0.1.0", pod="p0", vllm_version="0.26.0"}',
+                                "value": 1,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "mode-table.test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    out = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
