@@ -71,6 +71,11 @@ CONFIG: dict[str, Any] = {
     # (templates/prometheusrule.yaml), so fullnameOverride, the annotations mode's
     # kubernetes-service-endpoints job and other teams' vLLM (or another release) do not matter.
     "vllm_target_selector": 'job=~".*(vllm|gemma4).*"',
+    # The matchers of every read of a recorded series (gemma4:*, labels namespace, service,
+    # model_name) in the alerts: every recorded series in the plain files; the chart replaces
+    # this exact text with the release's namespace="...", service="..." so that one release's
+    # alert never fires on another release's recorded burn rate in the same Prometheus.
+    "recorded_selector": 'namespace=~".*", service=~".*"',
     "runbook_base_url": "https://github.com/gemma4-serving/gemma4-serving/blob/main/dashboards/runbooks.md",
     "waiting_queue_min": 5,
     # Media stages' share of wall time spent waiting for a CPU above which the pod is starved.
@@ -1151,14 +1156,17 @@ def slo_rules() -> dict[str, Any]:
     )
 
     alerts = []
+    recorded = CONFIG["recorded_selector"]
     for long, short, factor, severity, for_ in CONFIG["burn_windows"]:
         thr = round(factor * budget, 6)
         alerts.append(
             {
                 "alert": "Gemma4LatencySLOBudgetBurn",
                 "expr": (
-                    f"gemma4:request_e2e_slo_error_ratio:rate{long} > ({factor} * {budget})\n"
-                    f"and\ngemma4:request_e2e_slo_error_ratio:rate{short} > ({factor} * {budget})\n"
+                    f"gemma4:request_e2e_slo_error_ratio:rate{long}{{{recorded}}} "
+                    f"> ({factor} * {budget})\nand\n"
+                    f"gemma4:request_e2e_slo_error_ratio:rate{short}{{{recorded}}} "
+                    f"> ({factor} * {budget})\n"
                 ),
                 "for": for_,
                 "labels": {"severity": severity, "long": long, "short": short},

@@ -50,22 +50,45 @@ def test_dashboards_are_a_symlink_not_a_copy():
     assert not others, others
 
 
-def generated_target_selector() -> str:
-    """dashboards/generate.py's CONFIG["vllm_target_selector"] (what the chart replaces)."""
+def generated_config() -> dict:
     spec = importlib.util.spec_from_file_location("generate", RULES.parent / "generate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.CONFIG["vllm_target_selector"]
+    return module.CONFIG
+
+
+def generated_target_selector() -> str:
+    """dashboards/generate.py's CONFIG["vllm_target_selector"] (what the chart replaces)."""
+    return generated_config()["vllm_target_selector"]
+
+
+def generated_recorded_selector() -> str:
+    """dashboards/generate.py's CONFIG["recorded_selector"] (what the chart replaces too)."""
+    return generated_config()["recorded_selector"]
 
 
 def release_scoped(groups: list, namespace: str = NAMESPACE, service: str = FULLNAME) -> list:
-    """The rule files' groups as the chart ships them: the target-health alerts' generic
-    target matchers replaced by this release's namespace and service."""
-    generic = generated_target_selector()
-    text = json.dumps(groups).replace(
-        json.dumps(generic)[1:-1], json.dumps(f'namespace="{namespace}", service="{service}"')[1:-1]
-    )
+    """The rule files' groups as the chart ships them: the generic target matchers and the
+    alerts' recorded-series matchers replaced by this release's namespace and service."""
+    text = json.dumps(groups)
+    release = json.dumps(f'namespace="{namespace}", service="{service}"')[1:-1]
+    for generic in (generated_target_selector(), generated_recorded_selector()):
+        text = text.replace(json.dumps(generic)[1:-1], release)
     return json.loads(text)
+
+
+# Every series name a rule reads: the scraped families, up, and the recorded gemma4:* series.
+SERIES_NAME = re.compile(r"(?<![A-Za-z0-9_:])(gemma4:[a-z0-9_:]+|gemma4_[a-z0-9_]+|vllm:[a-z0-9_]+|up)\b")
+
+
+def unscoped_reads(expr: str, selector: str) -> list[str]:
+    """Each read of a series in expr whose selector lacks `selector` (or that has none)."""
+    bad = []
+    for m in SERIES_NAME.finditer(expr):
+        rest = expr[m.end():]
+        if not rest.startswith("{") or selector not in rest[1 : rest.index("}")]:
+            bad.append(m.group(0) + rest[: rest.find("}") + 1 if rest.startswith("{") else 0])
+    return bad
 
 
 def test_prometheus_rule_groups_equal_the_rule_files():
@@ -236,10 +259,14 @@ def test_every_alert_watches_this_release_only(tmp_path):
     scoped = {a.split("/")[0] for a in SCOPED_ALERTS}
     assert alerts - scoped == {"Gemma4VllmTargetDown", "Gemma4VllmTargetMissing"}  # tested above
     selector = f'namespace="{NAMESPACE}", service="{FULLNAME}"'
-    for g in groups:  # every selector of every rule carries the release's matchers
+    reads = 0
+    for g in groups:  # every read of a series (scraped or recorded) carries the release's matchers
         for r in g["rules"]:
-            for sel in re.findall(r"[a-z_:]+\{([^}]*)\}", r["expr"]):
-                assert selector in sel, (r.get("alert") or r["record"], sel)
+            assert not unscoped_reads(r["expr"], selector), (r.get("alert") or r["record"], r["expr"])
+            reads += len(SERIES_NAME.findall(r["expr"]))
+    burn = [r["expr"] for g in groups for r in g["rules"] if r.get("alert", "").endswith("Burn")]
+    assert len(burn) == 4 and all(e.count(f"{{{selector}}}") == 2 for e in burn), burn
+    assert reads > 40
     rules = tmp_path / "rendered.yaml"
     rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
     ours = f'job="g4", instance="10.0.0.1:8000", {selector}'
@@ -277,6 +304,60 @@ def test_every_alert_watches_this_release_only(tmp_path):
     spec = tmp_path / "test.yaml"
     spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m",
                                     "tests": tests}))  # fmt: skip
+    proc = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_two_releases_burn_rate_alerts_stay_apart(tmp_path):
+    """Two releases of the chart in one Prometheus (same namespace), both PrometheusRules loaded
+    (each release's SLO recording rules and alerts): release B's requests all miss the SLO,
+    release A's all meet it. B's burn-rate alert fires; A's alert rules fire nothing (an alert
+    reading the recorded gemma4:* series without the release's matchers would fire on B's burn,
+    duplicating B's alert under A's rule). Each release's alert rules get a `rule_of` label here
+    so that promtool can tell whose rule fired."""
+    promtool = require_tool(shutil.which("promtool"), "promtool")
+    files = []
+    for name in ("a", "b"):
+        pr = one(render("default", api="operator", sets=(f"fullnameOverride={name}",)),
+                 "PrometheusRule")  # fmt: skip
+        groups = pr["spec"]["groups"]
+        for g in groups:
+            for r in g["rules"]:
+                if "alert" in r:
+                    r["labels"] = {**r["labels"], "rule_of": name}
+        path = tmp_path / f"release-{name}.yaml"
+        path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+        files.append(str(path))
+
+    def target(service: str) -> str:
+        return f'job="{service}", instance="{service}:8000", namespace="{NAMESPACE}", service="{service}"'
+
+    series = []
+    for service, fast in (("a", "0+60x90"), ("b", "0x90")):
+        t = target(service)
+        series += [
+            {"series": f'gemma4_request_e2e_latency_seconds_bucket{{{t}, model_name="gemma", le="0.3"}}', "values": fast},
+            {"series": f'gemma4_request_e2e_latency_seconds_count{{{t}, model_name="gemma"}}', "values": "0+60x90"},
+        ]  # fmt: skip
+    firing = 'count by (rule_of, service) (ALERTS{alertname="Gemma4LatencySLOBudgetBurn", alertstate="firing"})'
+    recorded = "gemma4:request_e2e_slo_error_ratio:rate1h"
+    test = {
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            # both releases' recording rules ran: A's ratio 0, B's 1
+            {"expr": f"sort_desc({recorded})", "eval_time": "60m", "exp_samples": [
+                {"labels": f'{recorded}{{model_name="gemma", namespace="{NAMESPACE}", service="b"}}', "value": 1},
+                {"labels": f'{recorded}{{model_name="gemma", namespace="{NAMESPACE}", service="a"}}', "value": 0},
+            ]},
+            # only B's rule fires (its 1h/5m and 6h/30m windows), on B's series only
+            {"expr": firing, "eval_time": "60m",
+             "exp_samples": [{"labels": '{rule_of="b", service="b"}', "value": 2}]},
+        ],
+    }  # fmt: skip
+    spec = tmp_path / "test.yaml"
+    spec.write_text(yaml.safe_dump({"rule_files": files, "evaluation_interval": "1m",
+                                    "tests": [test]}))  # fmt: skip
     proc = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -122,7 +122,9 @@ def test_slo_sli_uses_the_03_bucket_with_vllm_fallback() -> None:
 def test_every_rule_selector_carries_the_target_matchers() -> None:
     """Each metric selector of every rule (recording rules and alerts) carries
     CONFIG["vllm_target_selector"] (the text the chart swaps for the release's namespace and
-    service), so no rule reads another team's vLLM; the recording rules keep service."""
+    service), so no rule reads another team's vLLM; the recording rules keep service, and the
+    alerts read the recorded gemma4:* series with CONFIG["recorded_selector"] (swapped for the
+    same), so no release's alert reads another release's recorded burn."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -131,12 +133,18 @@ def test_every_rule_selector_carries_the_target_matchers() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     targets = module.CONFIG["vllm_target_selector"]
+    recorded = module.CONFIG["recorded_selector"]
     for rule in _rules():
         name = rule.get("alert") or rule["record"]
-        # raw series: names with a "{" (recording-rule outputs gemma4:* are read bare)
-        bare = re.findall(r"\b(gemma4_[a-z_]+|vllm:[a-z_]+|up)\b(?!\{)(?![a-z_:])", rule["expr"])
+        # every series read has a "{": scraped series and the recorded gemma4:* alike
+        bare = re.findall(
+            r"\b(gemma4_[a-z_]+|gemma4:[a-z0-9_:]+|vllm:[a-z_]+|up)\b(?!\{)(?![a-z0-9_:])",
+            rule["expr"],
+        )
         assert not bare, (name, bare)
-        for sel in re.findall(r"[a-z_:]+\{([^}]*)\}", rule["expr"]):
-            assert targets in sel, (name, sel)
+        for metric, sel in re.findall(r"([a-z0-9_:]+)\{([^}]*)\}", rule["expr"]):
+            # recorded series (no job label left): the matchers the chart swaps for the release's
+            want = recorded if metric.startswith("gemma4:") else targets
+            assert want in sel, (name, metric, sel)
         if "record" in rule and "sum by" in rule["expr"]:
             assert re.search(r"sum by \([^)]*\bservice\b", rule["expr"]), name

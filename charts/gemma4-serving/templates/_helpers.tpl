@@ -119,6 +119,12 @@ rendered rules keep none of it). */}}
 job=~".*(vllm|gemma4).*"
 {{- end }}
 
+{{/* The matchers of the alerts' reads of recorded series (gemma4:*): generate.py's
+CONFIG["recorded_selector"], verbatim (the same test checks it). */}}
+{{- define "gemma4-serving.ruleRecordedSelector" -}}
+namespace=~".*", service=~".*"
+{{- end }}
+
 {{- define "gemma4-serving.prometheusRuleEnabled" -}}
 {{- $v := .Values.metrics.prometheusRule.enabled }}
 {{- if eq (toString $v) "auto" }}
