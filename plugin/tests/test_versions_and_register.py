@@ -163,8 +163,9 @@ print("HOOKS", sorted(k for k, v in hooks.items() if v))
     [
         ({}, ["count_check", "fast_processor", "video_guard"]),
         ({"GEMMA4_ENCODER_DISABLE": "1"}, []),
+        ({"GEMMA4_ENCODER_DISABLE": "1", "GEMMA4_ENCODER_MODE": "bogus"}, []),
     ],
-    ids=["enabled", "disabled"],
+    ids=["enabled", "disabled", "disabled_with_bad_value"],
 )
 def test_disable_installs_no_media_hooks(env, hooks):
     """GEMMA4_ENCODER_DISABLE=1 is stock vLLM: neither the encoder nor any media hook (video

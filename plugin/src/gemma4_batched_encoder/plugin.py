@@ -11,7 +11,7 @@ all of it: vLLM then runs as if this general plugin were not installed.
 from __future__ import annotations
 
 from .log import logger
-from .settings import Settings
+from .settings import Settings, disabled_by_env
 
 ARCHITECTURE = "Gemma4ForConditionalGeneration"
 MODEL_CLASS = "gemma4_batched_encoder.vllm_model:Gemma4ForConditionalGeneration"
@@ -25,7 +25,15 @@ def register() -> None:
         return
     _registered = True
     try:
-        settings = Settings.from_env()
+        # Disabled means stock vLLM: no encoder override and no media hooks either, read first
+        # so that a bad value elsewhere (the branch below installs the hooks) cannot undo it.
+        if disabled_by_env():
+            logger.info(
+                "gemma4_batched_encoder: disabled by GEMMA4_ENCODER_DISABLE; stock encoder and "
+                "media path in use"
+            )
+            return
+        Settings.from_env()  # checks every other variable
     except ValueError:
         _registered = False
         logger.warning(
@@ -33,13 +41,6 @@ def register() -> None:
             exc_info=True,
         )
         _install_media_hooks()  # the media switches are read (and checked) on their own
-        return
-    if settings.disabled:
-        # Disabled means stock vLLM: no encoder override and no media hooks either.
-        logger.info(
-            "gemma4_batched_encoder: disabled by GEMMA4_ENCODER_DISABLE; stock encoder and "
-            "media path in use"
-        )
         return
     _register_encoder()
     _install_media_hooks()

@@ -100,6 +100,12 @@ def _width(name: str) -> int | None:
     return _int(name, 0)
 
 
+def disabled_by_env() -> bool:
+    """GEMMA4_ENCODER_DISABLE on its own (as ``Settings.disabled`` parses it), so that the off
+    switch holds even when another GEMMA4_* value is bad; raises ValueError if it is bad itself."""
+    return _flag("GEMMA4_ENCODER_DISABLE", False)
+
+
 @dataclass(frozen=True)
 class Settings:
     disabled: bool = False
@@ -172,7 +178,7 @@ class Settings:
                 f" {', '.join(get_args(FastKernels))}"
             )
         return cls(
-            disabled=_flag("GEMMA4_ENCODER_DISABLE", False),
+            disabled=disabled_by_env(),
             mode=mode,  # type: ignore[arg-type]
             max_batch_bytes=_int("GEMMA4_ENCODER_MAX_BATCH_BYTES", cls.max_batch_bytes),
             cuda_graphs=_flag("GEMMA4_ENCODER_CUDA_GRAPHS", True),
