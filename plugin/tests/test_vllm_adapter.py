@@ -214,6 +214,36 @@ def test_encoder_cudagraph_forward_error_falls_back_to_stock(monkeypatch):
     assert counter(fallbacks, reason="RuntimeError") == before + 1
 
 
+def test_encoder_cudagraph_forward_error_during_capture_is_raised(monkeypatch):
+    """Inside vLLM's CUDA-graph capture an error in the override is raised, not served by
+    upstream's forward: the plugin's kernels before the error are in the graph already, so a
+    fallback would be captured beside them and every replay would run the encoder twice. (A CPU
+    cannot capture: the capture state and the fault are injected.)"""
+    dtype = torch.bfloat16
+    _, plugin = models(dtype)
+    pvs, pps = H.batch([H.FRAME_480P], dtype, seed=7)
+    inputs = {
+        "pixel_values": torch.stack(pvs),
+        "pixel_position_ids": torch.stack(pps),
+        "gather_indices": torch.arange(63),
+    }
+
+    def broken_pool(*args, **kwargs):
+        raise RuntimeError("pooler failed")
+
+    def upstream_called(*args, **kwargs):
+        raise AssertionError("upstream's forward ran inside the capture")
+
+    monkeypatch.setattr(vllm_model, "pool_exact", broken_pool)
+    monkeypatch.setattr(Upstream, "encoder_cudagraph_forward", upstream_called)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    fallbacks = get_metrics().fallbacks
+    before = counter(fallbacks, reason="RuntimeError")
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="pooler failed"):
+        plugin.encoder_cudagraph_forward(inputs)
+    assert counter(fallbacks, reason="RuntimeError") == before  # nothing ran stock
+
+
 class BrokenMetric:
     """A metrics backend that fails on every update (fault injection: the error path)."""
 

@@ -30,6 +30,14 @@ def outputs_equal(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
     )
 
 
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where CUDA is unusable)."""
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:  # a CPU-only build or no driver: nothing can be capturing
+        return False
+
+
 class EncoderRuntime:
     def __init__(
         self,
@@ -130,10 +138,20 @@ class EncoderRuntime:
 
     def guarded(self, plugin: Callable[[], T], stock: Callable[[], T]) -> T:
         """``plugin()``, or on any exception ``stock()`` (counted and logged as in ``run``); no
-        shadow verification: vLLM's encoder CUDA graphs capture this, where a compare syncs."""
+        shadow verification: vLLM's encoder CUDA graphs capture this, where a compare syncs.
+
+        Inside a CUDA-graph capture the exception is re-raised instead (logged, not counted in
+        the fallbacks: nothing ran stock): kernels the plugin launched before failing are already
+        in the graph, so a fallback there would capture both and run the encoder twice at every
+        replay. The capture then fails as it would with stock's own error, for vLLM to handle."""
         try:
             return plugin()
         except Exception as exc:
+            if _capturing():
+                self._log_once(
+                    "capture", "plugin encoder failed during CUDA graph capture; not falling back"
+                )
+                raise
             return self._fallback(exc, lambda _: stock(), None)
 
     def _fallback(self, exc: Exception, stock: Callable[[Any], T], arg: Any) -> T:
