@@ -3,6 +3,8 @@
 
     python dashboards/generate.py          # (re)write dashboards/*.json, dashboards/rules/*.yaml
     python dashboards/generate.py --check  # exit 1 if any generated file is stale (CI)
+    python dashboards/generate.py --target-selector 'job="my-vllm"' --rules-out DIR
+                                           # the two rule files for your own scrape targets
 
 Everything in one config (mixin shape): selectors, stable UIDs, SLO target and windows,
 runbook base URL. Plain dicts, standard library only; YAML is emitted by a tiny writer for
@@ -65,12 +67,15 @@ CONFIG: dict[str, Any] = {
         ("1d", "2h", 3, "warning", "1h"),
         ("3d", "6h", 1, "warning", "3h"),
     ],
-    # The scrape targets every rule reads (each selector of the recording rules and alerts), as
-    # label matchers. The plain rule files match on the job name; the Helm chart replaces this
-    # exact text with the release's namespace="...", service="..."
-    # (templates/prometheusrule.yaml), so fullnameOverride, the annotations mode's
-    # kubernetes-service-endpoints job and other teams' vLLM (or another release) do not matter.
-    "vllm_target_selector": 'job=~".*(vllm|gemma4).*"',
+    # The scrape targets every rule reads (each selector of scraped series in the recording
+    # rules and alerts), as label matchers. The plain rule files match a job named like vLLM or
+    # gemma4 (a ServiceMonitor's job is the Service name) or the annotation-driven
+    # kubernetes-service-endpoints job of a Prometheus without the operator (the chart's
+    # metrics.mode=annotations); `generate.py --target-selector '...' --rules-out DIR` writes
+    # the rule files with your own matchers. The Helm chart replaces this exact text with the
+    # release's namespace="...", service="..." (templates/prometheusrule.yaml), so
+    # fullnameOverride, the job name and other teams' vLLM (or another release) do not matter.
+    "vllm_target_selector": 'job=~".*(vllm|gemma4).*|kubernetes-service-endpoints"',
     # The matchers of every read of a recorded series (gemma4:*, labels namespace, service,
     # model_name) in the alerts: every recorded series in the plain files; the chart replaces
     # this exact text with the release's namespace="...", service="..." so that one release's
@@ -1109,7 +1114,7 @@ def runbook(alert: str) -> str:
 
 def targets(*matchers: str) -> str:
     """A selector of the rules: the given matchers plus CONFIG["vllm_target_selector"]."""
-    return ", ".join((*matchers, CONFIG["vllm_target_selector"]))
+    return ", ".join(m for m in (*matchers, CONFIG["vllm_target_selector"]) if m)
 
 
 def slo_rules() -> dict[str, Any]:
@@ -1388,7 +1393,26 @@ def dashboard_uid_digest() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if generated files are stale")
+    ap.add_argument(
+        "--target-selector",
+        metavar="MATCHERS",
+        help="label matchers of your vLLM scrape targets, e.g. 'job=\"my-vllm\"' (or '' for "
+        "every series of the metric names); writes only the two rule files, to --rules-out",
+    )
+    ap.add_argument("--rules-out", metavar="DIR", type=Path, help="with --target-selector")
     args = ap.parse_args(argv)
+    if (args.target_selector is None) != (args.rules_out is None):
+        ap.error("--target-selector and --rules-out go together")
+    if args.target_selector is not None:
+        if args.check:
+            ap.error("--check compares the repository's files; drop --target-selector")
+        CONFIG["vllm_target_selector"] = args.target_selector.strip().strip(",").strip()
+        args.rules_out.mkdir(parents=True, exist_ok=True)
+        for path, text in outputs().items():
+            if path.parent == RULES_DIR:
+                (args.rules_out / path.name).write_text(text)
+                print(f"wrote {args.rules_out / path.name}")
+        return 0
     stale = []
     for path, text in outputs().items():
         current = path.read_text() if path.exists() else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import dashlib
@@ -148,3 +150,84 @@ def test_every_rule_selector_carries_the_target_matchers() -> None:
             assert want in sel, (name, metric, sel)
         if "record" in rule and "sum by" in rule["expr"]:
             assert re.search(r"sum by \([^)]*\bservice\b", rule["expr"]), name
+
+
+def _fired(rule_files: list[str], job: str, tmp_path: Any) -> subprocess.CompletedProcess:
+    """promtool: the plain rule files against one target of this job (every request slower than
+    300 ms, one encoder fallback a minute, a down target) fire the burn-rate, fallback and
+    target-down alerts, and record the SLO error ratio."""
+    t = f'job="{job}", instance="10.0.0.1:8000", namespace="ns", service="g4", pod="g4-0"'
+    series = [
+        (f'gemma4_request_e2e_latency_seconds_bucket{{{t}, model_name="gemma", le="0.3"}}', "0x90"),
+        (f'gemma4_request_e2e_latency_seconds_count{{{t}, model_name="gemma"}}', "0+60x90"),
+        (f'gemma4_encoder_fallbacks_total{{{t}, reason="oom"}}', "0+1x90"),
+        (f"up{{{t}}}", "0x90"),
+    ]
+    firing = 'count by (alertname) (ALERTS{alertstate="firing"})'
+    test = {
+        "interval": "1m",
+        "input_series": [{"series": s, "values": v} for s, v in series],
+        "promql_expr_test": [
+            {
+                "expr": "gemma4:request_e2e_slo_error_ratio:rate1h",
+                "eval_time": "60m",
+                "exp_samples": [
+                    {
+                        "labels": "gemma4:request_e2e_slo_error_ratio:rate1h"
+                        '{model_name="gemma", namespace="ns", service="g4"}',
+                        "value": 1,
+                    }
+                ],
+            },
+            {
+                "expr": firing,
+                "eval_time": "60m",
+                "exp_samples": [
+                    {"labels": '{alertname="Gemma4LatencySLOBudgetBurn"}', "value": 2},
+                    {"labels": '{alertname="Gemma4EncoderFallbacks"}', "value": 1},
+                    {"labels": '{alertname="Gemma4VllmTargetDown"}', "value": 1},
+                    {"labels": '{alertname="Gemma4VllmTargetMissing"}', "value": 1},
+                ],
+            },
+        ],
+    }
+    spec = tmp_path / "test.yaml"
+    spec.write_text(
+        yaml.safe_dump({"rule_files": rule_files, "evaluation_interval": "1m", "tests": [test]})
+    )
+    return subprocess.run(
+        [PROMTOOL or "promtool", "test", "rules", str(spec)], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize("job", ["kubernetes-service-endpoints", "gemma4-serving", "vllm"])
+def test_plain_rules_fire_for_annotation_scraped_targets(job: str, tmp_path: Any) -> None:
+    """A Prometheus without the operator scrapes the chart's Service through its annotations
+    (job kubernetes-service-endpoints): the plain rule files record the SLO and fire for it, as
+    for a ServiceMonitor's job (the Service name)."""
+    out = _fired([str(f) for f in RULE_FILES], job, tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_target_selector_option_writes_rules_for_your_targets(tmp_path: Any) -> None:
+    """generate.py --target-selector 'job="my-scrape"' --rules-out DIR: the two rule files for a
+    job name of your own (the repository's files untouched); they fire for that job only."""
+    out_dir = tmp_path / "rules"
+    proc = subprocess.run(
+        [sys.executable, str(dashlib.RULES_DIR.parent / "generate.py"),
+         "--target-selector", 'job="my-scrape"', "--rules-out", str(out_dir)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(str(p) for p in out_dir.glob("*.yaml"))
+    assert [Path(f).name for f in files] == ["gemma4-alerts.yaml", "gemma4-slo.yaml"]
+    assert 'job="my-scrape"' in Path(files[1]).read_text()
+    assert _fired(files, "my-scrape", tmp_path).returncode == 0
+    assert _fired(files, "kubernetes-service-endpoints", tmp_path).returncode != 0
+    # alone, or --check with it: a usage error (exit 2)
+    for args in (["--target-selector", "x"], ["--check", "--target-selector", "x", "--rules-out", "d"]):
+        bad = subprocess.run(
+            [sys.executable, str(dashlib.RULES_DIR.parent / "generate.py"), *args],
+            capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        assert bad.returncode == 2, bad.stderr

@@ -116,7 +116,7 @@ files next to them have `rule_files:`/`tests:` instead and are skipped). Returns
 CONFIG["vllm_target_selector"], verbatim (charts/tests/test_rules_and_schema.py checks that the
 rendered rules keep none of it). */}}
 {{- define "gemma4-serving.ruleTargetSelector" -}}
-job=~".*(vllm|gemma4).*"
+job=~".*(vllm|gemma4).*|kubernetes-service-endpoints"
 {{- end }}
 
 {{/* The matchers of the alerts' reads of recorded series (gemma4:*): generate.py's
