@@ -22,16 +22,16 @@ def installed():
     media.set_fast_path(media.fast_path_requested())
 
 
-def load(data: bytes):
+def load(data: bytes, **io_kwargs):
     from vllm.multimodal.media.image import ImageMediaIO
 
-    return video.VideoMediaIO(ImageMediaIO(), num_frames=32).load_bytes(data)
+    return video.VideoMediaIO(ImageMediaIO(), num_frames=32, **io_kwargs).load_bytes(data)
 
 
-def unguarded(data: bytes):
+def unguarded(data: bytes, **io_kwargs):
     from vllm.multimodal.media.image import ImageMediaIO
 
-    io = video.VideoMediaIO(ImageMediaIO(), num_frames=32)
+    io = video.VideoMediaIO(ImageMediaIO(), num_frames=32, **io_kwargs)
     return inspect.unwrap(video.VideoMediaIO.load_bytes)(io, data)  # vLLM's own
 
 
@@ -48,6 +48,51 @@ def test_vllms_pixel_limit_error_passes_through(monkeypatch, fast):
     assert "VLLM_MAX_IMAGE_PIXELS" in str(theirs.value)
     assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
     assert not isinstance(ours.value, media_guard.InvalidVideoError)
+
+
+@pytest.mark.parametrize(
+    ("io_kwargs", "message"),
+    [
+        ({"video_backend": "embedding_gemma2", "max_frames": 0}, "max_frames must be positive"),
+        ({"backend": "opencv", "num_ffmpeg_threads": 2}, "is not supported by the 'opencv'"),
+    ],
+    ids=["max_frames_0", "option_of_another_codec"],
+)
+def test_vllms_request_errors_pass_through(io_kwargs, message):
+    """vLLM's other ValueErrors about the request (--media-io-kwargs values here, no "exceed" in
+    them) pass unchanged: the video is valid, and "could not decode" would blame it."""
+    data = media_files.mp4_bytes(2, 64, 48, seed=3)
+    with pytest.raises(ValueError, match=message) as theirs:
+        unguarded(data, **io_kwargs)
+    with pytest.raises(ValueError) as ours:
+        load(data, **io_kwargs)
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    assert not isinstance(ours.value, media_guard.InvalidVideoError)
+
+
+FAKE_VLLM = """
+import numpy as np
+
+def numpy_fails(self, data):
+    frames = np.empty((2, 4, 4, 3))
+    frames[0] = np.ones(5)
+
+def vllm_raises(self, data):
+    raise ValueError("frames_indices must be a list of integers")
+"""
+
+
+def test_a_valueerror_numpy_raises_in_vllms_code_is_still_wrapped(tmp_path):
+    """Only a ``raise`` in vLLM's code passes: numpy failing inside a vLLM line (a frame that does
+    not fit its buffer) is the payload's fault and gets the could-not-decode message."""
+    path = tmp_path / "fake_vllm.py"
+    path.write_text(FAKE_VLLM)
+    scope = {"__name__": "vllm.multimodal.fake"}
+    exec(compile(FAKE_VLLM, str(path), "exec"), scope)
+    with pytest.raises(media_guard.InvalidVideoError, match=r"could not decode.*broadcast"):
+        media_guard.guard_load_bytes(scope["numpy_fails"])(None, b"\x00" * 16)
+    with pytest.raises(ValueError, match=r"^frames_indices must be a list of integers$"):
+        media_guard.guard_load_bytes(scope["vllm_raises"])(None, b"\x00" * 16)
 
 
 def test_undecodable_payloads_are_still_explained():

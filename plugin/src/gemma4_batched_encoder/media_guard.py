@@ -4,9 +4,11 @@ vLLM's OpenCV video loader fails on some non-video payloads with errors that nam
 client sent (a PNG sent as video/mp4 gives "Cannot cast ufunc 'subtract' input 0 from
 dtype('O')..."). This wraps `VideoMediaIO.load_bytes` in the API-server process so every
 decoding failure, and every result that is not a stack of frames, becomes a ValueError saying
-what was wrong; vLLM's OpenAI layer turns ValueError into a 400 and keeps serving. vLLM's own
-limit errors (a frame over VLLM_MAX_IMAGE_PIXELS, an fps or frame count over its maximum) and
-MemoryError pass through unchanged: the payload decoded, and their message is the real reason.
+what was wrong; vLLM's OpenAI layer turns ValueError into a 400 and keeps serving. The
+ValueErrors vLLM's own code raises about the request (a frame over VLLM_MAX_IMAGE_PIXELS, an fps
+or frame count out of range, an unknown codec backend) and MemoryError pass through unchanged:
+their message is the real reason, and the video may be valid. vLLM's decoders' own failures
+("Could not open video stream") are still explained as undecodable.
 
 Patch ledger: vllm/multimodal/media/video.py (0.27+) or vllm/multimodal/video.py (older)
 `VideoMediaIO.load_bytes`. Drop once upstream validates decoded frames.
@@ -15,6 +17,7 @@ Patch ledger: vllm/multimodal/media/video.py (0.27+) or vllm/multimodal/video.py
 from __future__ import annotations
 
 import functools
+import linecache
 import logging
 from typing import Any
 
@@ -57,17 +60,34 @@ def check_frames(frames: Any, data: bytes) -> None:
         )
 
 
-def vllm_limit_error(exc: BaseException) -> bool:
-    """A ValueError raised by vLLM's own code for a limit the payload exceeds (it names the limit,
-    e.g. "... exceed the maximum of N pixels. Set VLLM_MAX_IMAGE_PIXELS ...")."""
+# vLLM's own ValueErrors that say the payload could not be decoded (vllm/multimodal/
+# video_decoders/*.py in 0.32, video.py before 0.27): they name nothing that was sent, so they
+# keep the clear "could not decode" message.
+_DECODER_FAILURES = (
+    "could not open video stream",  # OpenCV
+    "invalid or unsupported video file",  # PyNvVideoCodec
+    "could not determine video",  # PyNvVideoCodec: frame count, dimensions
+    "deepstream decode",  # DeepStream: "... failed: ...", "... produced no frames"
+)
+
+
+def vllm_request_error(exc: BaseException) -> bool:
+    """A ValueError that vLLM's own code raised on purpose about the request: a limit the payload
+    exceeds ("... exceed the maximum of N pixels. Set VLLM_MAX_IMAGE_PIXELS ..."), a bad
+    --media-io-kwargs value ("fps must be positive", an unknown codec backend). Its message is the
+    real reason, and the video may be fine. Not: vLLM's decoders' failures (``_DECODER_FAILURES``),
+    a ValueError from outside vLLM (numpy, OpenCV on a non-video payload), nor one that numpy's C
+    code raises in a vLLM line (a frame that does not fit vLLM's buffer): only a ``raise`` there."""
     if not isinstance(exc, ValueError):
         return False
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next  # the frame that raised
-    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    if tb is None or not tb.tb_frame.f_globals.get("__name__", "").startswith("vllm."):
+        return False
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
     message = str(exc).lower()
-    return module.startswith("vllm.") and ("exceed" in message or "vllm_max_" in message)
+    return line.lstrip().startswith("raise") and not any(f in message for f in _DECODER_FAILURES)
 
 
 def guard_load_bytes(load_bytes):
@@ -78,7 +98,7 @@ def guard_load_bytes(load_bytes):
         except (InvalidVideoError, MemoryError):
             raise
         except ValueError as exc:
-            if vllm_limit_error(exc):
+            if vllm_request_error(exc):
                 raise
             raise _undecodable(data, exc) from exc
         except Exception as exc:  # any decoder failure is the client's payload, not a 500
