@@ -188,3 +188,28 @@ def test_bad_arguments_are_one_line_usage_errors(usage_runs, case):
     assert "Traceback" not in proc.stderr
     assert not out.exists()
     assert proc.stdout == ""
+
+
+def test_grid_for_budget_is_direct_and_as_before():
+    """The image grid in one step: what the old loop (w shrunk by k while over budget) gave for
+    every aspect and budget the CLIs take, and an aspect of 1e12 at once (the loop: minutes)."""
+    import time
+
+    from gemma4_batched_encoder import synthetic as S
+
+    def looped(budget: int, k: int, aspect: float) -> tuple[int, int]:
+        max_patches = budget * k * k
+        h = max(k, int((max_patches / aspect) ** 0.5) // k * k)
+        w = max(k, int(h * aspect) // k * k)
+        while h * w > max_patches:
+            w -= k
+        return h, w
+
+    aspects = [10.0**e for e in range(-6, 5)] + [0.75, 4 / 3, 1.777, 2.5, 16 / 9, 21 / 9]
+    for k in (1, 2, 3, 4):
+        for budget in (1, 2, 5, 70, 140, 280, 560, 1120):
+            for aspect in aspects:
+                assert S.grid_for_budget(budget, k, aspect) == looped(budget, k, aspect)
+    start = time.perf_counter()
+    assert S.grid_for_budget(280, 3, 1e12) == (3, 840)
+    assert time.perf_counter() - start < 0.1

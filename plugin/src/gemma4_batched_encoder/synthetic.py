@@ -95,9 +95,9 @@ def grid_for_budget(budget: int, k: int, aspect: float = 4 / 3) -> tuple[int, in
     max_patches = budget * k * k
     h = max(k, int((max_patches / aspect) ** 0.5) // k * k)
     w = max(k, int(h * aspect) // k * k)
-    while h * w > max_patches:
-        w -= k
-    return h, w
+    # The widest k-aligned w with h * w <= max_patches, in one step (a loop of k at a time ran
+    # for minutes at --image-aspects 1e10); 0 when not even k fits (the CLI rejects that).
+    return h, min(w, max_patches // h // k * k)
 
 
 def make_batch(
