@@ -106,6 +106,31 @@ def test_info_names_fast_modes_layers_in_force():
     assert sample(after, "gemma4_encoder_info", fast_kernels="merged", **labels) == 0
 
 
+def test_a_rank_that_does_not_record_builds_no_timer_and_sets_no_info(monkeypatch):
+    """A process that does not record (TP rank > 0) builds no CallTimer (CUDA events per call on
+    a GPU) and never reaches the process's metrics, not even for the info gauge."""
+    from gemma4_batched_encoder import metrics, runtime
+    from gemma4_batched_encoder import synthetic as S
+    from gemma4_batched_encoder.settings import Settings
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("used on a rank that does not record")
+
+    monkeypatch.setattr(runtime, "records_metrics", lambda: False)
+    monkeypatch.setattr(runtime, "CallTimer", forbidden)
+    monkeypatch.setattr(runtime, "get_metrics", forbidden)
+    monkeypatch.setattr(metrics, "get_metrics", forbidden)
+    vt = S.build_vision_tower(S.vision_config_kwargs("tiny"))
+    rt = runtime.EncoderRuntime(vt, Settings(cuda_graphs=False), True, "0.32.0")
+    assert rt.timer is None and rt.metrics is metrics.NO_METRICS
+    pvs, pps = S.make_batch([S.Media("frame", (6, 6), 4)], 3 * 16 * 16, 3)
+    rt.begin_call(frames=1, images=0)
+    rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
+    rt.end_call()
+    assert "metrics" not in rt._logged  # begin_call/end_call did not fail over the timer
+    metrics.set_info("fast", True, "0.32.0", "0.1.0", metrics=metrics.NO_METRICS)
+
+
 INFO_SCRIPT = """
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector

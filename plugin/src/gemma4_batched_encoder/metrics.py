@@ -167,13 +167,18 @@ def set_info(
     vllm_version: str,
     plugin_version: str,
     fast_kernels: str = "none",
+    metrics: EncoderMetrics | None = None,
 ) -> None:
     """The encoder in force; ``fast_kernels``: fast mode's layers in force
-    (``BatchedVisionEncoder.fast_kernels_in_force``), "none" in the other modes.
+    (``BatchedVisionEncoder.fast_kernels_in_force``), "none" in the other modes. ``metrics``: the
+    caller's (``EncoderRuntime.metrics``; default ``get_metrics()``); ``NO_METRICS`` (a process
+    that does not record) does nothing, so the recording decision is the caller's alone.
 
     A replaced label set is set to 0, not removed: ``Gauge.clear()``/``remove()`` do nothing to
     the files of multiprocess mode (vLLM's /metrics), where the old set would stay at 1."""
     global _info_labels
+    if metrics is NO_METRICS:
+        return
     labels = {
         "mode": mode,
         "fast_kernels": fast_kernels if mode == "fast" else "none",
@@ -181,7 +186,7 @@ def set_info(
         "vllm_version": vllm_version,
         "plugin_version": plugin_version,
     }
-    info = get_metrics().info
+    info = (metrics or get_metrics()).info
     with _lock:
         if _info_labels is not None and _info_labels != labels:
             info.labels(**_info_labels).set(0)

@@ -52,7 +52,12 @@ class EncoderRuntime:
         # Every tensor-parallel rank runs the same encoder call: only rank 0 records it.
         self.recording = records_metrics()
         self.metrics = get_metrics() if self.recording else NO_METRICS
-        self.timer = CallTimer(lambda path, s: self.metrics.seconds.labels(path=path).observe(s))
+        # Only a recording rank times calls (a CallTimer records CUDA events on the GPU).
+        self.timer = (
+            CallTimer(lambda path, s: self.metrics.seconds.labels(path=path).observe(s))
+            if self.recording
+            else None
+        )
         self._device = next(vision_tower.parameters()).device
         self._checks = 0
         self._logged: set[str] = set()
@@ -67,8 +72,7 @@ class EncoderRuntime:
         }
         self._fast_kernels_reported = self.encoder.fast_kernels_in_force(self._device)
         self._fast_changes_seen = self.encoder.fast_layers_changes
-        if self.recording:
-            set_info(**self._info, fast_kernels=self._fast_kernels_reported)
+        set_info(**self._info, fast_kernels=self._fast_kernels_reported, metrics=self.metrics)
 
     # -- one embed_multimodal call ------------------------------------------------------------
     def begin_call(self, frames: int, images: int) -> None:
@@ -78,7 +82,8 @@ class EncoderRuntime:
                 self.metrics.items_per_call.labels(kind="frame").observe(frames)
             if images:
                 self.metrics.items_per_call.labels(kind="image").observe(images)
-            self.timer.start(self._device)
+            if self.timer is not None:
+                self.timer.start(self._device)
         except Exception:
             self._log_once("metrics", "recording metrics failed")
 
@@ -87,7 +92,8 @@ class EncoderRuntime:
         self._call_path = None
         try:
             self.metrics.calls.labels(path=path).inc()
-            self.timer.stop(path)
+            if self.timer is not None:
+                self.timer.stop(path)
             fused = self.encoder.fused_in_use()
             if fused != self._fused_reported:  # decided at the first call; no write per call
                 self._fused_reported = fused
@@ -98,8 +104,7 @@ class EncoderRuntime:
                 kernels = self.encoder.fast_kernels_in_force(self._device)
                 if kernels != self._fast_kernels_reported:
                     self._fast_kernels_reported = kernels
-                    if self.recording:
-                        set_info(**self._info, fast_kernels=kernels)
+                    set_info(**self._info, fast_kernels=kernels, metrics=self.metrics)
             graphs = self.encoder.graphs
             counts = (graphs.num_graphs, graphs.num_failed)
             if counts != self._graphs_reported:  # captures happen at first use of a shape
