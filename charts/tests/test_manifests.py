@@ -756,7 +756,8 @@ def test_loadtest_helm_test_hook():
 def test_loadtest_standalone_job():
     docs = render("autoscaling-multi-replica")
     job = loadtest_jobs(docs)["job"]
-    assert job["metadata"]["name"] == f"{FULLNAME}-loadtest-baseline"  # loadtest.job.runId
+    # loadtest.job.runId, then the pod template hash
+    assert re.fullmatch(rf"{FULLNAME}-loadtest-baseline-[0-9a-f]{{8}}", job["metadata"]["name"])
     assert "annotations" not in job["metadata"]
     spec = job["spec"]
     assert "ttlSecondsAfterFinished" not in spec  # kept: see test_loadtest_runs.py

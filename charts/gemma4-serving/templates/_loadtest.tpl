@@ -35,14 +35,23 @@ ttlSecondsAfterFinished: {{ . }}
 {{- end }}
 template:
   metadata:
-    # Fixed labels only (no chart version, appVersion or commonLabels, which are on the Job): the
-    # pod template of a Job is immutable, and the standalone Job must render the same spec on
-    # every upgrade that keeps its runId.
     labels:
+      {{- if .runId }}
+      {{- /* The standalone Job: its name carries a hash of this pod template (loadtestJobName),
+      so a change here is a new Job, a new run. Hence no chart version or appVersion labels (every
+      chart bump would start a run even with a pinned image); commonLabels are here (a change of
+      them starts a new run). */}}
       {{- include "gemma4-serving.loadtestSelectorLabels" $ | nindent 6 }}
       app.kubernetes.io/part-of: gemma4-serving
-      {{- with .runId }}
-      gemma4-serving/loadtest-run: {{ . | quote }}
+      app.kubernetes.io/managed-by: {{ $.Release.Service }}
+      {{- with $.Values.commonLabels }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+      gemma4-serving/loadtest-run: {{ .runId | quote }}
+      {{- else }}
+      {{- /* The helm test hook: recreated on every `helm test`, so it carries the full labels. */}}
+      {{- include "gemma4-serving.labels" $ | nindent 6 }}
+      app.kubernetes.io/component: loadtest
       {{- end }}
   spec:
     restartPolicy: Never
@@ -190,4 +199,20 @@ template:
         {{- end }}
       - name: tmp
         emptyDir: {}
+{{- end }}
+
+{{/*
+The standalone Job's name, <fullname>-loadtest-<runId>-<sha8>: sha8 is the first 8 hex digits of
+the sha256 of its rendered pod template (toYaml). A Job's pod template is immutable, so anything
+that changes it (image tag, appVersion as the default tag, settings, args, env, service account,
+pull secrets, API key Secret, target URL, resources, scheduling, commonLabels) makes a new Job,
+i.e. a new run, instead of an upgrade Kubernetes refuses; the same values and runId render the
+same name and spec on every revision, and Helm leaves that Job alone. The full name is cut so
+the whole fits 63 characters. Call with the chart context.
+*/}}
+{{- define "gemma4-serving.loadtestJobName" -}}
+{{- $runId := toString .Values.loadtest.job.runId }}
+{{- $spec := include "gemma4-serving.loadtestJobSpec" (dict "ctx" . "mode" .Values.loadtest.job "ttl" .Values.loadtest.job.ttlSecondsAfterFinished "runId" $runId) | fromYaml }}
+{{- $sha := toYaml $spec.template | sha256sum | trunc 8 }}
+{{- include "gemma4-serving.suffixedName" (dict "ctx" . "suffix" (printf "loadtest-%s-%s" $runId $sha)) }}
 {{- end }}
