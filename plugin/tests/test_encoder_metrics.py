@@ -188,7 +188,7 @@ TP_SCRIPT = """
 import sys
 from gemma4_batched_encoder.metrics import records_metrics
 before = records_metrics()  # no model-parallel groups yet (verify, bench): records
-rank, port = int(sys.argv[1]), sys.argv[2]
+rank, port, tp, pp = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed.parallel_state import (
     init_distributed_environment, initialize_model_parallel,
@@ -198,7 +198,7 @@ with set_current_vllm_config(VllmConfig()):
         world_size=2, rank=rank, local_rank=rank, backend="gloo",
         distributed_init_method=f"tcp://127.0.0.1:{port}",
     )
-    initialize_model_parallel(tensor_model_parallel_size=2)
+    initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 from gemma4_batched_encoder import engine_graph_ranges
 from gemma4_batched_encoder import synthetic as S
 from gemma4_batched_encoder.runtime import EncoderRuntime
@@ -215,9 +215,12 @@ print("RECORDS", rank, before, records_metrics())
 """
 
 
-def test_tensor_parallel_ranks_record_once(tmp_path):
-    """Two real tensor-parallel ranks (vLLM's own groups, gloo on the CPU) run the same encoder
-    call: only rank 0 records, so /metrics counts one call, not one per rank."""
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tensor", "pipeline"])
+def test_model_parallel_ranks_record_once(tmp_path, tp, pp):
+    """Two real model-parallel ranks (vLLM's own groups, gloo on the CPU) run the same encoder
+    call and refuse the same step: only rank 0 records, so /metrics counts one, not one per rank.
+    Tensor parallel: every rank runs the encoder. Pipeline parallel: vLLM runs it on the first
+    stage only, but every stage's runner dispatches (and refuses) the step."""
     import socket
 
     with socket.socket() as s:
@@ -228,7 +231,7 @@ def test_tensor_parallel_ranks_record_once(tmp_path):
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp), "PYTHONPATH": SRC}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", TP_SCRIPT, str(rank), port],
+            [sys.executable, "-c", TP_SCRIPT, str(rank), port, str(tp), str(pp)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -206,7 +206,7 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
 
 def _count_refusal() -> None:
     try:
-        if records_metrics():  # every TP rank's runner refuses the same step: count it once
+        if records_metrics():  # every TP rank and PP stage refuses the same step: count once
             get_metrics().full_graph_refusals.inc()
     except Exception:  # metrics never fail a step
         logger.debug("gemma4_batched_encoder: refusal not counted", exc_info=True)

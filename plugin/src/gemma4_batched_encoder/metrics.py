@@ -195,9 +195,11 @@ def set_info(
 
 
 def records_metrics() -> bool:
-    """Whether this process records the encoder's metrics: tensor-parallel rank 0 only, as every
-    rank of a TP group runs the same encoder call (counts would be multiplied by the TP size);
-    True where vLLM or its model-parallel groups are not there (verify, bench, tests)."""
+    """Whether this process records the encoder's metrics: tensor-parallel rank 0 of the first
+    pipeline stage only. Every rank of a TP group runs the same encoder call, and every stage's
+    runner dispatches the same step (the graph-range refusals); vLLM runs the encoder on the first
+    stage only. Elsewhere counts would be multiplied by the TP or PP size. True where vLLM or its
+    model-parallel groups are not there (verify, bench, tests)."""
     try:
         from vllm.distributed import parallel_state
     except ImportError:
@@ -205,6 +207,9 @@ def records_metrics() -> bool:
     try:
         if not parallel_state.model_parallel_is_initialized():
             return True
-        return parallel_state.get_tensor_model_parallel_rank() == 0
+        return (
+            parallel_state.get_tensor_model_parallel_rank() == 0
+            and parallel_state.get_pp_group().is_first_rank
+        )
     except Exception:  # a vLLM without these helpers: record, as before
         return True

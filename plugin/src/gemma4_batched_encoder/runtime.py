@@ -49,7 +49,7 @@ class EncoderRuntime:
         self.settings = settings
         self.encoder = BatchedVisionEncoder(vision_tower, settings)
         self.active = active and not settings.disabled
-        # Every tensor-parallel rank runs the same encoder call: only rank 0 records it.
+        # Every tensor-parallel rank runs the same encoder call: one rank records it.
         self.recording = records_metrics()
         self.metrics = get_metrics() if self.recording else NO_METRICS
         # Only a recording rank times calls (a CallTimer records CUDA events on the GPU).
