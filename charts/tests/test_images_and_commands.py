@@ -195,7 +195,7 @@ def test_loadtest_job_script(tmp_path, health_server):
 
 
 def test_loadtest_health_wait_from_the_value(tmp_path):
-    """loadtest.healthWaitSeconds reaches both Jobs as HEALTH_WAIT_SECONDS (900 by default) and
+    """loadtest.healthWaitSeconds reaches both Jobs as HEALTH_WAIT_SECONDS (600 by default) and
     bounds the script's /health wait: against a port nobody listens on, a 1 s bound gives up
     after the first retry and runs the sweep anyway (its preflight reports the dead target)."""
     for doc in render("default", sets=("loadtest.job.enabled=true",)):
@@ -204,7 +204,7 @@ def test_loadtest_health_wait_from_the_value(tmp_path):
                 e["name"]: e.get("value")
                 for e in doc["spec"]["template"]["spec"]["containers"][0]["env"]
             }
-            assert env["HEALTH_WAIT_SECONDS"] == "900"
+            assert env["HEALTH_WAIT_SECONDS"] == "600"
     docs = render("default", sets=("loadtest.job.enabled=true", "loadtest.healthWaitSeconds=1"))
     jobs = [d for d in docs if d["kind"] == "Job"]
     assert len(jobs) == 2

@@ -538,6 +538,22 @@ CROSS_FIELD = [
         "loadtest.extraEnv: HEALTH_WAIT_SECONDS is set by the chart; "
         "use loadtest.healthWaitSeconds",
     ),
+    # the /health wait must end before the deadline kills the pod (of each enabled Job)
+    (
+        ("loadtest.healthWaitSeconds=900",),
+        "loadtest.healthWaitSeconds (900) must be below loadtest.helmTest.activeDeadlineSeconds "
+        "(900): the deadline would kill the pod",
+    ),
+    (
+        ("loadtest.helmTest.activeDeadlineSeconds=300",),
+        "loadtest.healthWaitSeconds (600) must be below loadtest.helmTest.activeDeadlineSeconds "
+        "(300)",
+    ),
+    (
+        ("loadtest.helmTest.enabled=false", "loadtest.job.enabled=true",
+         "loadtest.healthWaitSeconds=3600"),
+        "loadtest.healthWaitSeconds (3600) must be below loadtest.job.activeDeadlineSeconds (3600)",
+    ),  # fmt: skip
 ]
 
 
@@ -553,12 +569,31 @@ CROSS_FIELD = [
         "ingress-netpol",
         "progress-deadline",
         "health-wait-env",
+        "health-wait-default-deadline",
+        "health-wait-short-deadline",
+        "health-wait-standalone",
     ],
 )
 def test_cross_field_checks(sets, message):
     args = [a for s in sets for a in ("--set", s)]
     proc = helm("template", RELEASE, str(CHART), *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),  # the defaults: 600 s wait, 900 s hook deadline
+        ("loadtest.job.enabled=true",),
+        # a disabled Job's deadline does not matter
+        ("loadtest.helmTest.enabled=false", "loadtest.job.enabled=true",
+         "loadtest.healthWaitSeconds=1800"),
+        ("loadtest.helmTest.activeDeadlineSeconds=1200", "loadtest.healthWaitSeconds=1199"),
+    ],
+)  # fmt: skip
+def test_health_wait_below_the_deadlines_renders(sets):
+    args = [a for s in sets for a in ("--set", s)]
+    helm("template", RELEASE, str(CHART), *args)
 
 
 def test_values_schema_is_generated_and_current():
