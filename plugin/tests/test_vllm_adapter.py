@@ -7,7 +7,7 @@ exceptions raised inside the plugin path by inconsistent inputs.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import g4helpers as H
 import pytest
@@ -15,7 +15,7 @@ import torch
 from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration as Upstream
 
 from gemma4_batched_encoder import vllm_model
-from gemma4_batched_encoder.metrics import get_metrics
+from gemma4_batched_encoder.metrics import EncoderMetrics, get_metrics
 from gemma4_batched_encoder.runtime import EncoderRuntime
 from gemma4_batched_encoder.settings import Settings
 from gemma4_batched_encoder.versions import Layout
@@ -260,7 +260,7 @@ def test_metric_errors_never_fail_the_call(caplog):
     """Fallback and shadow verification record metrics; when recording fails, the request is
     still answered (with the stock result where it would be) and the error logged once."""
     dtype = torch.bfloat16
-    broken = get_metrics().__class__(*(BrokenMetric() for _ in range(10)))
+    broken = EncoderMetrics(**{f.name: BrokenMetric() for f in fields(EncoderMetrics)})
     vi = video_input([H.FRAME_480P] * 2, [2], dtype)
     with caplog.at_level("WARNING", logger="vllm.gemma4_batched_encoder"):
         # the plugin path fails (impossible token counts): the stock result, no exception
