@@ -156,7 +156,8 @@ def loadtest_mode(desc: str, standalone: bool) -> dict[str, Any]:
             "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
             "maxLength": 20,
             "minimum": 0,
-            "description": "Names the standalone Job (<fullname>-loadtest-<runId>-<pod template hash>): "
+            "description": "Names the standalone Job "
+            "(<fullname>-loadtest-<runId>-<pod template hash>): "
             "it runs once per runId and pod template",
         }
         props["ttlSecondsAfterFinished"] = {

@@ -2,7 +2,8 @@
 its pod template, and its manifest never depends on the release revision, so `helm upgrade` (a
 new revision) with the same runId and values renders the very same Job (Helm patches nothing, the
 finished Job is not run again), while a new runId or a changed pod template (a Job's is
-immutable) renders a new Job instead of an upgrade Kubernetes would refuse. Checked with real `helm install` / `helm upgrade` renders: Helm's
+immutable) renders a new Job instead of an upgrade Kubernetes would refuse. Checked with real
+`helm install` / `helm upgrade` renders: Helm's
 memory storage driver holds the previous revision (HELM_MEMORY_DRIVER_DATA) and a stand-in API
 server answers the discovery calls `helm upgrade --dry-run=client` makes (nothing else)."""
 
@@ -231,7 +232,8 @@ def test_app_version_bump_with_the_default_image_is_a_new_job(kubeconfig, tmp_pa
     (before,) = releases.jobs(releases.deploy(*sets))
     rel = releases.deploy(*sets, chart=chart)
     (after,) = releases.jobs(rel)
-    image = [c["image"] for j in (before, after) for c in j["spec"]["template"]["spec"]["containers"]]
+    pods = [j["spec"]["template"]["spec"] for j in (before, after)]
+    image = [c["image"] for pod in pods for c in pod["containers"]]
     assert image == ["gemma4-loadtest:0.1.0", "gemma4-loadtest:0.2.0"]
     assert job_name("r1").fullmatch(after["metadata"]["name"])
     assert after["metadata"]["name"] != before["metadata"]["name"]

@@ -78,14 +78,16 @@ def release_scoped(groups: list, namespace: str = NAMESPACE, service: str = FULL
 
 
 # Every series name a rule reads: the scraped families, up, and the recorded gemma4:* series.
-SERIES_NAME = re.compile(r"(?<![A-Za-z0-9_:])(gemma4:[a-z0-9_:]+|gemma4_[a-z0-9_]+|vllm:[a-z0-9_]+|up)\b")
+SERIES_NAME = re.compile(
+    r"(?<![A-Za-z0-9_:])(gemma4:[a-z0-9_:]+|gemma4_[a-z0-9_]+|vllm:[a-z0-9_]+|up)\b"
+)
 
 
 def unscoped_reads(expr: str, selector: str) -> list[str]:
     """Each read of a series in expr whose selector lacks `selector` (or that has none)."""
     bad = []
     for m in SERIES_NAME.finditer(expr):
-        rest = expr[m.end():]
+        rest = expr[m.end() :]
         if not rest.startswith("{") or selector not in rest[1 : rest.index("}")]:
             bad.append(m.group(0) + rest[: rest.find("}") + 1 if rest.startswith("{") else 0])
     return bad
@@ -262,7 +264,8 @@ def test_every_alert_watches_this_release_only(tmp_path):
     reads = 0
     for g in groups:  # every read of a series (scraped or recorded) carries the release's matchers
         for r in g["rules"]:
-            assert not unscoped_reads(r["expr"], selector), (r.get("alert") or r["record"], r["expr"])
+            name = r.get("alert") or r["record"]
+            assert not unscoped_reads(r["expr"], selector), (name, r["expr"])
             reads += len(SERIES_NAME.findall(r["expr"]))
     burn = [r["expr"] for g in groups for r in g["rules"] if r.get("alert", "").endswith("Burn")]
     assert len(burn) == 4 and all(e.count(f"{{{selector}}}") == 2 for e in burn), burn
@@ -329,26 +332,29 @@ def test_two_releases_burn_rate_alerts_stay_apart(tmp_path):
         path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
         files.append(str(path))
 
-    def target(service: str) -> str:
-        return f'job="{service}", instance="{service}:8000", namespace="{NAMESPACE}", service="{service}"'
-
+    family = "gemma4_request_e2e_latency_seconds"
     series = []
     for service, fast in (("a", "0+60x90"), ("b", "0x90")):
-        t = target(service)
+        t = f'job="{service}", instance="{service}:8000", namespace="{NAMESPACE}"'
+        t += f', service="{service}", model_name="gemma"'
         series += [
-            {"series": f'gemma4_request_e2e_latency_seconds_bucket{{{t}, model_name="gemma", le="0.3"}}', "values": fast},
-            {"series": f'gemma4_request_e2e_latency_seconds_count{{{t}, model_name="gemma"}}', "values": "0+60x90"},
-        ]  # fmt: skip
-    firing = 'count by (rule_of, service) (ALERTS{alertname="Gemma4LatencySLOBudgetBurn", alertstate="firing"})'
+            {"series": f'{family}_bucket{{{t}, le="0.3"}}', "values": fast},
+            {"series": f"{family}_count{{{t}}}", "values": "0+60x90"},
+        ]
+    firing = (
+        "count by (rule_of, service) "
+        '(ALERTS{alertname="Gemma4LatencySLOBudgetBurn", alertstate="firing"})'
+    )
     recorded = "gemma4:request_e2e_slo_error_ratio:rate1h"
+    labels = f'{recorded}{{model_name="gemma", namespace="{NAMESPACE}", service="%s"}}'
     test = {
         "interval": "1m",
         "input_series": series,
         "promql_expr_test": [
             # both releases' recording rules ran: A's ratio 0, B's 1
-            {"expr": f"sort_desc({recorded})", "eval_time": "60m", "exp_samples": [
-                {"labels": f'{recorded}{{model_name="gemma", namespace="{NAMESPACE}", service="b"}}', "value": 1},
-                {"labels": f'{recorded}{{model_name="gemma", namespace="{NAMESPACE}", service="a"}}', "value": 0},
+            {"expr": recorded, "eval_time": "60m", "exp_samples": [
+                {"labels": labels % "b", "value": 1},
+                {"labels": labels % "a", "value": 0},
             ]},
             # only B's rule fires (its 1h/5m and 6h/30m windows), on B's series only
             {"expr": firing, "eval_time": "60m",
@@ -550,10 +556,13 @@ CROSS_FIELD = [
         "(300)",
     ),
     (
-        ("loadtest.helmTest.enabled=false", "loadtest.job.enabled=true",
-         "loadtest.healthWaitSeconds=3600"),
+        (
+            "loadtest.helmTest.enabled=false",
+            "loadtest.job.enabled=true",
+            "loadtest.healthWaitSeconds=3600",
+        ),
         "loadtest.healthWaitSeconds (3600) must be below loadtest.job.activeDeadlineSeconds (3600)",
-    ),  # fmt: skip
+    ),
 ]
 
 

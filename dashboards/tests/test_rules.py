@@ -225,7 +225,11 @@ def test_target_selector_option_writes_rules_for_your_targets(tmp_path: Any) -> 
     assert _fired(files, "my-scrape", tmp_path).returncode == 0
     assert _fired(files, "kubernetes-service-endpoints", tmp_path).returncode != 0
     # alone, or --check with it: a usage error (exit 2)
-    for args in (["--target-selector", "x"], ["--check", "--target-selector", "x", "--rules-out", "d"]):
+    usage_errors = (
+        ["--target-selector", "x"],
+        ["--check", "--target-selector", "x", "--rules-out", "d"],
+    )
+    for args in usage_errors:
         bad = subprocess.run(
             [sys.executable, str(dashlib.RULES_DIR.parent / "generate.py"), *args],
             capture_output=True, text=True, cwd=tmp_path,
