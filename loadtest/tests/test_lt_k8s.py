@@ -514,6 +514,22 @@ def test_pod_options_match_the_charts_values() -> None:
         (["--memory", "4"], "--memory '4' is below 64Mi (a bare number is bytes)"),
         (["--memory", "8Gi", "--memory-limit", "4Gi"], "is below the memory request '8Gi'"),
         (["--cpu", "2", "--cpu-limit", "1"], "--cpu-limit '1' is below the CPU request '2'"),
+        # the API server's quantity grammar, stricter than the kubernetes client's parse_quantity
+        # (which takes Python's Decimal syntax and the suffix K)
+        (["--memory", "1_024Mi"], "--memory '1_024Mi' is not a Kubernetes quantity"),
+        (["--memory", "100000K"], "--memory '100000K' is not a Kubernetes quantity"),
+        (["--memory", "inf"], "--memory 'inf' is not a Kubernetes quantity"),
+        (["--memory", "Infinity"], "--memory 'Infinity' is not a Kubernetes quantity"),
+        (["--cpu", "inf"], "--cpu 'inf' is not a Kubernetes quantity"),
+        (["--cpu", "NaN"], "--cpu 'NaN' is not a Kubernetes quantity"),
+        (["--cpu", "\uff12"], "--cpu '\uff12' is not a Kubernetes quantity"),  # not ASCII
+        (["--cpu-limit", "1_0"], "--cpu-limit '1_0' is not a Kubernetes quantity"),
+        (["--memory-limit", "8GB"], "--memory-limit '8GB' is not a Kubernetes quantity"),
+        (["--memory", "-4Gi"], "--memory '-4Gi' must be above 0"),
+        (["--cpu", "-500m"], "--cpu '-500m' must be above 0"),
+        # grammatical, but beyond Python's Decimal (an ArithmeticError, not a ValueError)
+        (["--memory", "1e99999999"], "--memory '1e99999999' is out of range"),
+        (["--cpu", "1", "--cpu-limit", "1e99999999"], "--cpu-limit '1e99999999' is out of range"),
         (["--image-pull-secret", "Reg_Cred"], "--image-pull-secret: 'Reg_Cred' is not a valid"),
         (["--service-account", "-sa"], "--service-account: '-sa' is not a valid ServiceAccount"),
         (["--node-selector", "pool"], "--node-selector: 'pool' is not KEY=VALUE"),
@@ -537,6 +553,39 @@ def test_bad_pod_options_are_one_line_and_exit_2(args: list[str], message: str) 
         )  # fmt: skip
         _one_error_line(r, 2, message)
         assert not api.jobs  # refused before anything was created
+
+
+def test_quantities_in_the_api_servers_grammar_pass_unchanged() -> None:
+    """Every form the API server takes (sign, leading or trailing point, exponent, decimal and
+    binary SI) reaches the manifest as typed."""
+    from slo_loadtest.k8s import container_resources
+
+    for cpu in ("+4", ".5", "4.", "1e1", "1E-1", "250m", "1k"):
+        assert container_resources(cpu=cpu)["requests"]["cpu"] == cpu
+    r = container_resources(memory="1e9", memory_limit="+2.5G")
+    assert r["requests"]["memory"] == "1e9" and r["limits"]["memory"] == "+2.5G"
+    assert container_resources(memory="100000k")["limits"]["memory"] == "200000000"
+
+
+def test_an_arithmetic_error_in_the_resource_checks_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decimal and int arithmetic raise ArithmeticError (OverflowError, decimal.Overflow), not
+    ValueError: still one Error line and exit 2, not a traceback."""
+    from slo_loadtest import k8s as kj
+
+    def overflow(*_: Any) -> Any:
+        raise OverflowError("cannot convert Infinity to integer")
+
+    monkeypatch.setattr(kj, "container_resources", overflow)
+    with FakeKubeAPI() as api:
+        r = CliRunner().invoke(
+            cli,
+            ["k8s", "start", "-n", NS, "--api-server", api.url, "--release", "g4", "--image", "i",
+             "--memory", "8Gi"],
+        )  # fmt: skip
+        _one_error_line(r, 2, "--cpu/--memory: a value out of range (OverflowError)")
+        assert not api.jobs
 
 
 def test_status_says_why_the_pod_is_pending_or_failed(tmp_path: Path) -> None:

@@ -128,6 +128,12 @@ TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _BINARY_SUFFIX = re.compile(r"[KMGTPE]i$")
+# The API server's quantity grammar (apimachinery resource.Quantity): ASCII digits, one optional
+# point, then a binary-SI suffix, a decimal-SI one (k, not K) or an exponent. The kubernetes
+# client's parse_quantity is looser (Python's Decimal syntax: 1_024, inf, NaN, other scripts'
+# digits; the suffix K), so a value it takes can still be refused by the API server.
+_QUANTITY_MAX = 2**63 - 1  # the API server caps a quantity there
+_QUANTITY = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 
 def check_name(value: str, what: str) -> str:
@@ -242,14 +248,22 @@ def parse_toleration(text: str) -> dict[str, Any]:
 def _quantity(value: str, what: str) -> Any:
     from kubernetes.utils.quantity import parse_quantity
 
+    if not _QUANTITY.fullmatch(value.strip()):
+        raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 4, 500m, 4Gi)")
     try:
         q = parse_quantity(value.strip())
     except ValueError:
         raise ValueError(
             f"{what} {value!r} is not a Kubernetes quantity (e.g. 4, 500m, 4Gi)"
         ) from None
+    except ArithmeticError:  # decimal arithmetic on an odd value: refused, not a traceback
+        raise ValueError(f"{what} {value!r} is out of range") from None
     if q <= 0:
         raise ValueError(f"{what} {value!r} must be above 0")
+    if q > _QUANTITY_MAX:
+        # the API server would silently cap it; no node has it, and twice a huge memory request
+        # (the default limit) overflows Python's Decimal
+        raise ValueError(f"{what} {value!r} is out of range (a quantity is at most 2^63-1)")
     return q
 
 

@@ -425,9 +425,13 @@ def _pod_options(
             msg = str(exc)
             # the resource checks name their own flag (--memory-limit, ...)
             raise K8sUsageError(msg if msg.startswith("--") else f"{flag}: {msg}") from None
+        except ArithmeticError as exc:  # Decimal/int arithmetic on a huge or odd quantity
+            raise K8sUsageError(f"{flag}: a value out of range ({type(exc).__name__})") from None
 
     return {
-        "resources": checked("--cpu", kj.container_resources, cpu, memory, memory_limit, cpu_limit),
+        "resources": checked(
+            "--cpu/--memory", kj.container_resources, cpu, memory, memory_limit, cpu_limit
+        ),
         "image_pull_secrets": tuple(
             checked("--image-pull-secret", kj.check_name, n, "Secret") for n in image_pull_secrets
         ),
