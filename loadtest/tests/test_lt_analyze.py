@@ -131,6 +131,57 @@ def test_client_that_fell_behind_is_inconclusive(tmp_path: Path) -> None:
     assert row["verdict"] == "inconclusive"
 
 
+def test_a_fell_behind_rate_with_a_server_failure_fails_not_inconclusive() -> None:
+    """The recorded fell-behind rate (0 successful, 187 incomplete, p95 dispatch delay 1760 ms)
+    with errors or an exhausted dataset injected: "client fell behind" makes a rate
+    inconclusive only when every other reason depends on the client's pace (p95 over the SLO,
+    achieved rate short, incomplete requests, nothing finished while requests were in flight).
+    Errors above the maximum, the dataset running out, or no request succeeding with none left
+    in flight say the server (or the run) failed, whatever the client's pace: fail, exit 1."""
+    from dataclasses import replace
+
+    from slo_loadtest.cli import exit_code
+    from slo_loadtest.exit_codes import EXIT_FAIL, EXIT_INCOMPLETE
+
+    x = m("text-fell-behind")
+    assert (x.successful, x.errored, x.incomplete) == (0, 0, 187)
+    crit = Criteria()  # 300 ms, 1 % errors, 50 ms dispatch delay
+
+    def summary(meas, c=crit) -> dict:
+        r = RateResult(workload="text", target_rate=x.target_rate, measurement=meas)
+        return build_summary([r], c)
+
+    def verdict(s: dict) -> tuple[str, bool, int]:
+        (r,) = s["results"]
+        assert any(w.startswith("client fell behind") for w in r["reasons"]), r["reasons"]
+        return s["verdict"], r["inconclusive"], exit_code(s)
+
+    # as recorded, and with errors within the maximum (1/188 = 0.5 %): inconclusive
+    assert verdict(summary(x)) == ("inconclusive", True, EXIT_INCOMPLETE)
+    assert verdict(summary(replace(x, errored=1))) == ("inconclusive", True, EXIT_INCOMPLETE)
+    # errors above the maximum: the server failed requests the client did send
+    s = summary(replace(x, errored=50, top_errors=["HTTP 500"]))
+    assert verdict(s) == ("fail", False, EXIT_FAIL)
+    assert any(w.startswith("errors 50/237 > 1%") for w in s["results"][0]["reasons"])
+    assert s["workloads"]["text"]["first_failing_rate"] == x.target_rate
+    assert s["workloads"]["text"]["first_inconclusive_rate"] is None
+    # the same errors allowed by --max-error-ratio: inconclusive again
+    lax = replace(crit, max_error_ratio=0.5)
+    assert verdict(summary(replace(x, errored=50), lax))[0] == "inconclusive"
+    # the dataset ran out: the run, not the client's pace, ended the rate early
+    gone = replace(x, stop_reason="max_duration,requests_exhausted")
+    assert verdict(summary(gone)) == ("fail", False, EXIT_FAIL)
+    # every request errored, none left in flight (errors allowed): nothing succeeded, and not
+    # because the client left requests running
+    all_err = replace(x, errored=187, incomplete=0)
+    assert verdict(summary(all_err, replace(crit, max_error_ratio=1.0)))[0] == "fail"
+    # with successful requests: p95 over the SLO and a short achieved rate stay the client's
+    # pace; errors above the maximum on top of them fail the rate
+    some = replace(x, successful=100, incomplete=87, latency_p95_ms=900.0, achieved_rate=20.0)
+    assert verdict(summary(some)) == ("inconclusive", True, EXIT_INCOMPLETE)
+    assert verdict(summary(replace(some, errored=10))) == ("fail", False, EXIT_FAIL)
+
+
 def test_analyze_cli_writes_every_output_and_exit_code(tmp_path: Path) -> None:
     runner = CliRunner()
     reports = [str(FIXTURES / f) for f in ("text-1rps.json", "video-incomplete.json")]

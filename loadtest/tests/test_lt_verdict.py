@@ -237,6 +237,39 @@ def test_a_client_that_fell_behind_makes_the_rate_inconclusive_not_failed() -> N
     assert build_summary([_r(1, True), _r(2, True), probe], C)["verdict"] == "pass"
 
 
+def test_only_pace_dependent_reasons_leave_a_fell_behind_rate_inconclusive() -> None:
+    """Each of judge()'s reasons beside "client fell behind": the pace-dependent ones keep the
+    rate inconclusive, the others (errors, the dataset, nothing succeeding with nothing in
+    flight, a report without a p95 or achieved rate despite successes) make it a failure."""
+    from slo_loadtest.verdict import judge_result
+
+    behind = replace(GOOD, dispatch_delay_p95_ms=80)
+    pace = {
+        "> SLO": replace(behind, latency_p95_ms=900),
+        "achieved": replace(behind, achieved_rate=5),
+        "incomplete requests": replace(behind, incomplete=40),
+        # nothing finished in the window while requests were in flight (the recorded run)
+        "no successful requests": replace(
+            behind, successful=0, incomplete=40, latency_p95_ms=None, achieved_rate=0.0
+        ),
+    }
+    definite = {
+        "errors 10/310": replace(behind, errored=10),
+        "dataset ran out": replace(behind, stop_reason="max_duration,requests_exhausted"),
+        "no successful requests": replace(
+            behind, successful=0, errored=0, incomplete=0, latency_p95_ms=None, achieved_rate=None
+        ),
+        "no p95 latency": replace(behind, latency_p95_ms=None),
+        "no achieved rate": replace(behind, achieved_rate=None),
+    }
+    for expect_inconclusive, cases in ((True, pace), (False, definite)):
+        for why, m in cases.items():
+            r = judge_result(RateResult(workload="v", target_rate=10, measurement=m), C)
+            assert any(why in x for x in r.reasons), (why, r.reasons)
+            assert any(x.startswith("client fell behind") for x in r.reasons), (why, r.reasons)
+            assert not r.passed and r.inconclusive is expect_inconclusive, (why, r.reasons)
+
+
 def test_report_and_csv_show_an_inconclusive_rate() -> None:
     import csv
     import io

@@ -8,8 +8,11 @@ A rate passes when all of these hold:
 * the client kept up: p95 of guidellm's request dispatch delay (how late a request left the
   client compared with its schedule) <= 50 ms. Above that the client, not the server, set the
   pace and the latencies are not those of the target rate (coordinated omission), so such a rate
-  is *inconclusive*: neither passed nor failed (``RateResult.inconclusive``), whatever else its
-  numbers say;
+  is *inconclusive*: neither passed nor failed (``RateResult.inconclusive``), when every other
+  failed check is one the client's pace explains (p95 over the SLO, achieved rate short,
+  incomplete requests, none finished while requests were in flight; :func:`failed_checks`).
+  Errors above the maximum, an exhausted dataset, or no request succeeding with none in flight
+  still fail it: a server failure is not hidden behind "rerun with a faster client";
 * at most ``ceil(rate x SLO) + 1`` requests were left incomplete when the duration ended: more
   means requests older than the SLO were still running, which the latency percentiles of the
   successful requests cannot show;
@@ -77,40 +80,65 @@ def allowed_incomplete(rate: float, slo_ms: float) -> int:
     return math.ceil(rate * slo_ms / 1000.0) + 1
 
 
-def judge(m: Measurement, c: Criteria) -> tuple[bool, list[str]]:
-    """Return (passed, reasons it failed)."""
-    reasons: list[str] = []
+def failed_checks(m: Measurement, c: Criteria) -> list[tuple[str, bool]]:
+    """Each failed check as (reason, pace-dependent): whether a client that fell behind can
+    explain it. A late client sends less (achieved rate short), its requests queue behind one
+    another (p95 over the SLO) and are still running when the duration ends (incomplete; a
+    window where none finished at all: no successful requests, hence no p95 or achieved rate).
+    Errors above the maximum and the dataset running out are not its pace, nor is a window where
+    no request succeeded and none was left in flight (all errored, or none sent), nor a report
+    lacking a p95 or achieved rate although requests succeeded."""
+    out: list[tuple[str, bool]] = []
     total = m.successful + m.errored + m.incomplete
+    # nothing finished while requests were in flight: the client's pace can explain it
+    unfinished = m.successful == 0 and m.incomplete > 0
     if m.successful == 0:
-        reasons.append("no successful requests")
+        out.append(("no successful requests", unfinished))
     if m.latency_p95_ms is None:
-        reasons.append("no p95 latency")
+        out.append(("no p95 latency", unfinished))
     elif m.latency_p95_ms > c.slo_ms:
-        reasons.append(f"p95 latency {m.latency_p95_ms:.0f} ms > SLO {c.slo_ms:g} ms")
+        out.append((f"p95 latency {m.latency_p95_ms:.0f} ms > SLO {c.slo_ms:g} ms", True))
     if m.achieved_rate is None:
-        reasons.append("no achieved rate")
+        out.append(("no achieved rate", unfinished))
     elif m.achieved_rate < c.min_achieved_ratio * m.target_rate:
-        reasons.append(
-            f"achieved {m.achieved_rate:.2f} req/s < {c.min_achieved_ratio:.0%} of "
-            f"{m.target_rate:g}"
+        out.append(
+            (
+                f"achieved {m.achieved_rate:.2f} req/s < {c.min_achieved_ratio:.0%} of "
+                f"{m.target_rate:g}",
+                True,
+            )
         )
     # a *maximum*: exactly the ratio passes, so --max-error-ratio 0 means "no errors", not
     # "every rate fails"
     if total and m.errored / total > c.max_error_ratio:
         # the error text says why (a refused body, auth, a media limit, timeouts)
         top = f" (most common: {'; '.join(m.top_errors)})" if m.top_errors else ""
-        reasons.append(f"errors {m.errored}/{total} > {c.max_error_ratio:.0%}{top}")
+        out.append((f"errors {m.errored}/{total} > {c.max_error_ratio:.0%}{top}", False))
     if m.dispatch_delay_p95_ms is not None and m.dispatch_delay_p95_ms > c.max_dispatch_delay_ms:
-        reasons.append(
-            f"{BEHIND}: p95 dispatch delay {m.dispatch_delay_p95_ms:.0f} ms > "
-            f"{c.max_dispatch_delay_ms:g} ms"
+        out.append(
+            (
+                f"{BEHIND}: p95 dispatch delay {m.dispatch_delay_p95_ms:.0f} ms > "
+                f"{c.max_dispatch_delay_ms:g} ms",
+                True,
+            )
         )
     allowed = allowed_incomplete(m.target_rate, c.slo_ms)
     if m.incomplete > allowed:
-        reasons.append(f"{m.incomplete} incomplete requests > {allowed} allowed in flight")
+        out.append((f"{m.incomplete} incomplete requests > {allowed} allowed in flight", True))
     if m.stop_reason and "requests_exhausted" in m.stop_reason:
-        reasons.append("dataset ran out of rows before the duration ended")
+        out.append(("dataset ran out of rows before the duration ended", False))
+    return out
+
+
+def judge(m: Measurement, c: Criteria) -> tuple[bool, list[str]]:
+    """Return (passed, reasons it failed)."""
+    reasons = [why for why, _ in failed_checks(m, c)]
     return (not reasons), reasons
+
+
+def fell_behind_only(checks: list[tuple[str, bool]]) -> bool:
+    """Inconclusive: the client fell behind and every other failed check is pace-dependent."""
+    return any(why.startswith(BEHIND) for why, _ in checks) and all(p for _, p in checks)
 
 
 NO_CONTENT_HINT = (
@@ -175,9 +203,13 @@ def judge_result(r: RateResult, c: Criteria) -> RateResult:
         if not r.reasons:
             r.reasons = [r.message or r.status]
         return r
-    r.passed, r.reasons = judge(r.measurement, c)
-    # the other reasons stay listed, but they describe the client's pace, not the target rate's
-    r.inconclusive = any(x.startswith(BEHIND) for x in r.reasons)
+    checks = failed_checks(r.measurement, c)
+    r.reasons = [why for why, _ in checks]
+    r.passed = not checks
+    # the other reasons stay listed; when each is one the client's pace explains, they describe
+    # that pace, not the target rate's. Errors over the maximum or an exhausted dataset are not
+    # the client's pace: the rate fails (a server failure is not hidden behind "rerun")
+    r.inconclusive = fell_behind_only(checks)
     r.notes = marginal_notes(r.measurement, c) + content_notes(r.measurement)
     return r
 
