@@ -37,6 +37,12 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gemma4-serving"
 FIXTURES = Path(__file__).parent / "fixtures"
 NS = "gemma"
+START = ["k8s", "start", "--release", "g4", "--image", "i"]  # the flags every start test needs
+
+
+def _start_on(api: Any, *more: str) -> list[str]:
+    """`k8s start` against the fake API server's namespace NS, plus more flags."""
+    return [*START, "-n", NS, "--api-server", api.url, *more]
 
 
 def _summary() -> dict:
@@ -260,38 +266,12 @@ def test_missing_job_and_bad_flags() -> None:
         assert r.exit_code == 2 and "no load-test Job" in r.output
         r = runner.invoke(
             cli,
-            [
-                "k8s",
-                "start",
-                "-n",
-                NS,
-                "--api-server",
-                api.url,
-                "--release",
-                "g4",
-                "--image",
-                "i",
-                "--set",
-                "novalue",
-            ],
+            _start_on(api, "--set", "novalue"),
         )
         assert r.exit_code == 2 and "--set" in r.output
         r = runner.invoke(
             cli,
-            [
-                "k8s",
-                "start",
-                "-n",
-                NS,
-                "--api-server",
-                api.url,
-                "--release",
-                "g4",
-                "--image",
-                "i",
-                "--target",
-                "ftp://x",
-            ],
+            _start_on(api, "--target", "ftp://x"),
         )
         assert r.exit_code == 2 and "--target" in r.output
         assert not api.jobs
@@ -300,7 +280,7 @@ def test_missing_job_and_bad_flags() -> None:
 def test_start_forwards_and_checks_the_extra_body() -> None:
     """`k8s start --extra-body` (or `--set extra_body=`) becomes SLO_LOADTEST_EXTRA_BODY, the
     variable `run` reads in the pod; a bad one fails here with exit 2, not later in the pod."""
-    base = ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run"]
+    base = [*START, "--dry-run"]
     for extra in (
         ["--extra-body", '{"skip_special_tokens": false}'],
         ["--set", 'extra_body={"skip_special_tokens":false}'],
@@ -329,13 +309,13 @@ def test_start_forwards_and_checks_the_extra_body() -> None:
 
 @pytest.mark.parametrize("flag", ["--dry-run"])
 def test_start_dry_run_prints_manifest(flag: str) -> None:
-    r = CliRunner().invoke(cli, ["k8s", "start", "--release", "g4", "--image", "i", flag])
+    r = CliRunner().invoke(cli, [*START, flag])
     assert r.exit_code == 0
     assert json.loads(r.output)["kind"] == "Job"
 
 
 def test_start_health_wait_becomes_the_scripts_bound() -> None:
-    base = ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run"]
+    base = [*START, "--dry-run"]
     r = CliRunner().invoke(cli, [*base, "--health-wait", "60"])
     assert r.exit_code == 0, r.output
     (c,) = json.loads(r.output)["spec"]["template"]["spec"]["containers"]
@@ -358,9 +338,8 @@ def test_client_errors_are_one_line_with_their_own_exit_code(tmp_path: Path) -> 
     means "the SLO failed"."""
     import socket
 
-    start = ["k8s", "start", "--release", "g4", "--image", "i"]
     runner = CliRunner(env={"KUBERNETES_SERVICE_HOST": None})
-    r = runner.invoke(cli, [*start, "--kubeconfig", str(tmp_path / "none")])
+    r = runner.invoke(cli, [*START, "--kubeconfig", str(tmp_path / "none")])
     _one_error_line(r, 2, "no usable Kubernetes configuration")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -368,9 +347,9 @@ def test_client_errors_are_one_line_with_their_own_exit_code(tmp_path: Path) -> 
     r = runner.invoke(cli, ["k8s", "status", "--api-server", f"http://127.0.0.1:{closed}"])
     _one_error_line(r, 3, "cannot reach the Kubernetes API server")
     with FakeKubeAPI(namespaces={NS}) as api:
-        r = runner.invoke(cli, [*start, "--api-server", api.url, "-n", "nope"])
+        r = runner.invoke(cli, [*START, "--api-server", api.url, "-n", "nope"])
         _one_error_line(r, 2, "namespace 'nope' not found")
-        args = [*start, "--api-server", api.url, "-n", NS, "--name", "lt-1"]
+        args = _start_on(api, "--name", "lt-1")
         assert runner.invoke(cli, args).exit_code == 0
         r = runner.invoke(cli, args)
         _one_error_line(r, 2, 'jobs.batch "lt-1" already exists')
@@ -381,7 +360,7 @@ def test_set_keys_are_checked_and_flag_spellings_accepted() -> None:
     var nothing reads); `run`'s flag names are aliases; target/out/api_key are refused."""
     from slo_loadtest.cli import run
 
-    base = ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run"]
+    base = [*START, "--dry-run"]
     r = CliRunner().invoke(
         cli,
         [*base, "--set", "duration=10", "--set", "--video-frames=4", "--set", "SLO_MS=250",
@@ -430,18 +409,7 @@ def test_start_sets_resources_pull_secrets_account_and_scheduling() -> None:
     overridden); pull secrets, service account, node selector and tolerations reach the Job the
     API server receives, through the real client."""
     with FakeKubeAPI() as api:
-        base = [
-            "k8s",
-            "start",
-            "-n",
-            NS,
-            "--api-server",
-            api.url,
-            "--release",
-            "g4",
-            "--image",
-            "i",
-        ]
+        base = _start_on(api)
         r = CliRunner().invoke(cli, [*base, "--name", "plain"])
         assert r.exit_code == 0, r.output
         pod = api.jobs[(NS, "plain")]["spec"]["template"]["spec"]
@@ -494,7 +462,7 @@ def test_pod_options_match_the_charts_values() -> None:
     )  # fmt: skip
     r = CliRunner().invoke(
         cli,
-        ["k8s", "start", "--release", "g4", "--image", "i", "--dry-run",
+        [*START, "--dry-run",
          "--image-pull-secret", "regcred", "--node-selector", "node-pool=cpu",
          "--toleration", "dedicated=loadtest:NoSchedule"],
     )  # fmt: skip
@@ -548,9 +516,8 @@ def test_bad_pod_options_are_one_line_and_exit_2(args: list[str], message: str) 
     with FakeKubeAPI() as api:
         r = CliRunner().invoke(
             cli,
-            ["k8s", "start", "-n", NS, "--api-server", api.url, "--release", "g4", "--image", "i",
-             *args],
-        )  # fmt: skip
+            _start_on(api, *args),
+        )
         _one_error_line(r, 2, message)
         assert not api.jobs  # refused before anything was created
 
@@ -581,9 +548,8 @@ def test_an_arithmetic_error_in_the_resource_checks_is_one_line_and_exit_2(
     with FakeKubeAPI() as api:
         r = CliRunner().invoke(
             cli,
-            ["k8s", "start", "-n", NS, "--api-server", api.url, "--release", "g4", "--image", "i",
-             "--memory", "8Gi"],
-        )  # fmt: skip
+            _start_on(api, "--memory", "8Gi"),
+        )
         _one_error_line(r, 2, "--cpu/--memory: a value out of range (OverflowError)")
         assert not api.jobs
 
