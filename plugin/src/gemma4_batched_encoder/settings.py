@@ -24,8 +24,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _raw(name: str) -> str | None:
-    """The variable's value, None when unset or empty (both mean: use the default)."""
+def env_value(name: str) -> str | None:
+    """The variable's value, None when unset or empty (both mean: use the default). Every
+    GEMMA4_* reader goes through this, so an empty value from a chart reads as unset everywhere."""
     raw = os.environ.get(name)
     return raw if raw is not None and raw.strip() else None
 
@@ -37,7 +38,7 @@ def parse_switch(raw: str) -> bool | None:
 
 
 def _flag(name: str, default: bool) -> bool:
-    raw = _raw(name)
+    raw = env_value(name)
     if raw is None:
         return default
     value = parse_switch(raw)
@@ -48,7 +49,7 @@ def _flag(name: str, default: bool) -> bool:
 
 def _ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
     """A comma list of positive integers (unset or empty: `default`; "off": none)."""
-    raw = _raw(name)
+    raw = env_value(name)
     if raw is None:
         return default
     if raw.strip().lower() == "off":
@@ -64,14 +65,14 @@ def _ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
 
 def _threads(name: str) -> int | None:
     """None for "auto", 0 for "off" (also unset or empty), else a count (`_int`)."""
-    raw = os.environ.get(name, "").strip().lower()
+    raw = (env_value(name) or "off").strip().lower()
     if raw == "auto":
         return None
-    return 0 if raw in ("", "off") else _int(name, 0)
+    return 0 if raw == "off" else _int(name, 0)
 
 
 def _int(name: str, default: int) -> int:
-    raw = _raw(name)
+    raw = env_value(name)
     if raw is None:
         return default
     try:
@@ -91,8 +92,8 @@ GRAPH_RANGES_ON = 16
 def _width(name: str) -> int | None:
     """A count where on/off also reads: on = GRAPH_RANGES_ON, off = 0; unset, empty or "auto":
     None (the caller decides)."""
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in ("", "auto"):
+    raw = (env_value(name) or "auto").strip().lower()
+    if raw == "auto":
         return None
     switch = parse_switch(raw)
     if switch is not None:
@@ -164,14 +165,16 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        mode = (_raw("GEMMA4_ENCODER_MODE") or cls.mode).strip().lower()
+        mode = (env_value("GEMMA4_ENCODER_MODE") or cls.mode).strip().lower()
         if mode not in ("exact", "fast"):
             raise ValueError(f"GEMMA4_ENCODER_MODE={mode!r}: expected 'exact' or 'fast'")
-        fused = (_raw("GEMMA4_ENCODER_FUSED") or cls.fused).strip().lower()
+        fused = (env_value("GEMMA4_ENCODER_FUSED") or cls.fused).strip().lower()
         fused = "on" if fused in _TRUE else "off" if fused in _FALSE else fused
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"GEMMA4_ENCODER_FUSED={fused!r}: expected auto, on or off")
-        fast_kernels = (_raw("GEMMA4_ENCODER_FAST_KERNELS") or cls.fast_kernels).strip().lower()
+        fast_kernels = (
+            (env_value("GEMMA4_ENCODER_FAST_KERNELS") or cls.fast_kernels).strip().lower()
+        )
         if fast_kernels not in get_args(FastKernels):
             raise ValueError(
                 f"GEMMA4_ENCODER_FAST_KERNELS={fast_kernels!r}: expected one of"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 
-from ..settings import parse_switch
+from ..settings import env_value, parse_switch
 
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
@@ -13,7 +12,7 @@ logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 def thread_count(name: str, default: int = 1) -> int:
     """A non-negative count from `name` (0 = leave the library's own setting); `default` when
     unset or empty, with a warning when it is not a count."""
-    value = os.environ.get(name, "").strip() or str(default)
+    value = (env_value(name) or str(default)).strip()
     try:
         threads = int(value)
     except ValueError:
@@ -31,8 +30,8 @@ def switch(name: str, default: bool) -> bool:
     """An on/off variable read as the settings read theirs (1/0/true/false/yes/no/on/off); unset
     or empty: `default`. Anything else: a warning and `default` (media switches are read in the
     API servers, which should not fail to start over a typo)."""
-    raw = os.environ.get(name, "")
-    if not raw.strip():
+    raw = env_value(name)
+    if raw is None:
         return default
     value = parse_switch(raw)
     if value is None:
