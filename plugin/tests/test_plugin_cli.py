@@ -1,16 +1,27 @@
-"""The verify and bench CLIs as the lead runs them (python -m ..., PYTHONPATH=plugin/src)."""
+"""The verify and bench CLIs as the lead runs them (python -m ..., PYTHONPATH=plugin/src).
+
+Runs that measure go through the real entry point, a process each. Usage errors (exit 2) run
+in this process through ``run_cli`` (each process imports torch: ~20 of them were most of this
+file's time), except one per entry point (``test_entry_point_usage_error``), which proves the
+wiring (``sys.exit(main())``) and that nothing else reaches stderr, imports included."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 SRC = str(Path(__file__).parents[1] / "src")
+
+# What Python's default warning filters hide in a process of its own (no -W, no PYTHONWARNINGS).
+HIDDEN_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
 
 
 def cli(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -19,6 +30,39 @@ def cli(module: str, *args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", f"gemma4_batched_encoder.{module}", *args],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
+
+
+@pytest.fixture
+def run_cli(capfd, caplog):
+    """``cli`` in this process: ``sys.exit(main(args))`` as the module's ``__main__`` does, its
+    exit code and what reached file descriptors 1 and 2. What a process of its own would also
+    print to stderr but pytest intercepts here is appended to stderr: warnings its default
+    filters show, and log records of WARNING or above (the last-resort handler). torch's global
+    RNG (seeded by a tower build) is restored afterwards."""
+    import torch
+
+    def run(module: str, *args: str) -> subprocess.CompletedProcess:
+        main = importlib.import_module(f"gemma4_batched_encoder.{module}").main
+        capfd.readouterr()
+        caplog.clear()
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            torch.random.fork_rng(devices=[]),
+            pytest.raises(SystemExit) as exited,
+        ):
+            sys.exit(main(list(args)))
+        stdout, stderr = capfd.readouterr()
+        stderr += "".join(
+            warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+            for w in caught
+            if not issubclass(w.category, HIDDEN_BY_DEFAULT)
+        )
+        stderr += "".join(
+            f"{r.getMessage()}\n" for r in caplog.records if r.levelno >= logging.WARNING
+        )
+        return subprocess.CompletedProcess([module, *args], exited.value.code, stdout, stderr)
+
+    return run
 
 
 def test_verify_exact_passes(tmp_path):
@@ -59,10 +103,10 @@ def test_verify_noise_floor_puts_fast_mode_beside_stock_bf16():
     assert 0 < result["max_rel_diff"] < 1
 
 
-def test_verify_bad_arguments_exit_2():
-    assert cli("verify", "--frame-grid", "20x20", "--videos", "1").returncode == 2
-    assert cli("verify", "--preset", "nope").returncode == 2
-    assert cli("verify", "--videos", "0").returncode == 2
+def test_verify_bad_arguments_exit_2(run_cli):
+    assert run_cli("verify", "--frame-grid", "20x20", "--videos", "1").returncode == 2
+    assert run_cli("verify", "--preset", "nope").returncode == 2
+    assert run_cli("verify", "--videos", "0").returncode == 2
 
 
 def test_bench_writes_json(tmp_path):
@@ -100,7 +144,7 @@ def test_bench_counts_tokens_on_the_device_for_images_or_when_asked(tmp_path):
     assert json.loads(out.read_text())["rows"][0]["token_counts"] == "device"
 
 
-def test_stacked_layout_as_vllm_hands_frames(tmp_path):
+def test_stacked_layout_as_vllm_hands_frames(tmp_path, run_cli):
     # one stacked [N, P, D] tensor for the plugin, lists for the references: still bitwise
     verify = cli("verify", "--videos", "1,2", "--frames", "2", "--layout", "stacked")
     assert verify.returncode == 0, verify.stderr[-3000:]
@@ -115,7 +159,7 @@ def test_stacked_layout_as_vllm_hands_frames(tmp_path):
     result = json.loads(out.read_text())
     assert result["layout"] == "stacked" and result["rows"][0]["exact"]["bit_identical"]
     # mixed padded sizes cannot stack: a clear error, exit 2
-    mixed = cli(
+    mixed = run_cli(
         "verify", "--videos", "1", "--images", "1", "--image-budgets", "140", "--layout", "stacked"
     )
     assert (
@@ -156,31 +200,28 @@ USAGE_ERRORS = {
 }
 
 
-@pytest.fixture(scope="module")
-def usage_runs(tmp_path_factory):
-    """Every case at once (each is a process that imports torch)."""
-    from concurrent.futures import ThreadPoolExecutor
+# One real process per entry point, on a case where main() returns 2 (an argparse error exits by
+# itself, so it would not prove that __main__ passes main()'s code on).
+ENTRY_POINT_CASES = {"verify": "negative tolerance", "bench": "unknown method"}
 
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("usage")
     for name, text in CONFIGS.items():
         if text is not None:
             (tmp / name).write_text(text)
-
-    def one(case: str) -> tuple[subprocess.CompletedProcess, Path]:
-        args, _ = USAGE_ERRORS[case]
-        out = tmp / f"{abs(hash(case))}.json"
-        return cli(*(a.format(dir=tmp) for a in args), "--out", str(out)), out
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(zip(USAGE_ERRORS, pool.map(one, USAGE_ERRORS), strict=True))
+    return tmp
 
 
-@pytest.mark.parametrize("case", list(USAGE_ERRORS))
-def test_bad_arguments_are_one_line_usage_errors(usage_runs, case):
+def usage_args(case: str, config_dir: Path, out: Path) -> tuple[str, list[str]]:
+    (module, *args), _ = USAGE_ERRORS[case]
+    return module, [*(a.format(dir=config_dir) for a in args), "--out", str(out)]
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, out: Path, option: str) -> None:
     """Exit 2 (1 is verify's "not bit-identical"), one 'error:' line naming the option, no
     traceback, and nothing written to --out."""
-    proc, out = usage_runs[case]
-    option = USAGE_ERRORS[case][1]
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
@@ -188,6 +229,23 @@ def test_bad_arguments_are_one_line_usage_errors(usage_runs, case):
     assert "Traceback" not in proc.stderr
     assert not out.exists()
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("case", list(USAGE_ERRORS))
+def test_bad_arguments_are_one_line_usage_errors(run_cli, config_dir, tmp_path, case):
+    out = tmp_path / "out.json"
+    module, args = usage_args(case, config_dir, out)
+    assert_usage_error(run_cli(module, *args), out, USAGE_ERRORS[case][1])
+
+
+@pytest.mark.parametrize("module", list(ENTRY_POINT_CASES))
+def test_entry_point_usage_error(config_dir, tmp_path, module):
+    """``python -m gemma4_batched_encoder.<module>`` itself: exit status 2 and the one line."""
+    case = ENTRY_POINT_CASES[module]
+    out = tmp_path / "out.json"
+    case_module, args = usage_args(case, config_dir, out)
+    assert case_module == module, case
+    assert_usage_error(cli(module, *args), out, USAGE_ERRORS[case][1])
 
 
 def test_grid_for_budget_is_direct_and_as_before():
