@@ -92,14 +92,16 @@ def test_switch_parsing_and_blockers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(env.ENV_UINT8)
     assert not env.uint8_requested()  # off by default
     assert pixels.handoff_blocker() is None  # this vLLM takes it
-    monkeypatch.setenv("GEMMA4_ENCODER_DISABLE", "1")
-    assert "GEMMA4_ENCODER_DISABLE" in (pixels.handoff_blocker() or "")
     monkeypatch.setenv(env.ENV_UINT8, "on")
-    assert not media._uint8_handoff()  # the stock model class would get bytes: float32 kept
-    monkeypatch.delenv("GEMMA4_ENCODER_DISABLE")
     fast_before = media.fast_path_enabled()
     try:
         media.set_fast_path(True)
+        # a bad value: register() leaves the model class stock but installs the media hooks
+        for name, bad in (("GEMMA4_ENCODER_MODE", "turbo"), ("GEMMA4_ENCODER_DISABLE", "maybe")):
+            monkeypatch.setenv(name, bad)
+            assert "invalid GEMMA4_ENCODER_" in (pixels.handoff_blocker() or ""), name
+            assert not media._uint8_handoff(), name  # the stock class would get bytes: float32
+            monkeypatch.delenv(name)
         assert media._uint8_handoff()
         media.set_fast_path(False)
         assert not media._uint8_handoff()  # the hand-off lives in the fast processor
