@@ -19,6 +19,7 @@ class RecordingServer:
         delay_s: float = 0.0,
         special_tokens_only: bool = False,
         reject_media: bool = False,
+        require_authorization: str | None = None,
     ) -> None:
         """``special_tokens_only``: behave like vLLM serving a dummy-weight model that generates
         only ``<pad>``: the tokens are counted in ``usage`` but the streamed deltas are empty,
@@ -34,6 +35,11 @@ class RecordingServer:
         self.plain_bodies: list[dict[str, Any]] = []  # non-streamed (slo-loadtest's preflight)
         self.connection_headers: list[str | None] = []  # each POST's Connection header
         self.authorization: list[str | None] = []  # each streamed POST's Authorization header
+        # with require_authorization, every request (GET /health and /v1/models too, as an
+        # authenticating proxy would) without exactly this Authorization header is answered 401
+        self.require_authorization = require_authorization
+        # (method, path, Authorization header) of every request, answered or refused
+        self.requests: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
         server = self
 
@@ -51,7 +57,19 @@ class RecordingServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _authorized(self) -> bool:
+                auth = self.headers.get("Authorization")
+                with server._lock:
+                    server.requests.append((self.command, self.path, auth))
+                if server.require_authorization is None or auth == server.require_authorization:
+                    return True
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._json(401, {"error": {"message": "Unauthorized", "code": 401}})
+                return False
+
             def do_GET(self) -> None:
+                if not self._authorized():
+                    return
                 if self.path.rstrip("/") == "/health":
                     self._json(200, {})
                 elif self.path.rstrip("/") == "/v1/models":
@@ -60,6 +78,8 @@ class RecordingServer:
                     self._json(404, {"error": "not found"})
 
             def do_POST(self) -> None:
+                if not self._authorized():
+                    return
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
                 if not body.get("stream"):

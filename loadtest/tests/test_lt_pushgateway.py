@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +33,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def pushgateway(tmp_path: Path) -> Iterator[str]:
+# HTTP Basic users of the authenticating Pushgateway (exporter-toolkit's --web.config.file):
+# PG_USER's bcrypt hash, made with crypt.crypt(PG_PASSWORD, crypt.mksalt(METHOD_BLOWFISH, 16))
+PG_USER, PG_PASSWORD = "pusher", "pg-SECRET-pw"
+PG_BCRYPT = "$2b$04$11F0UoZqvFJUCQMJFQxlxuGUv1Ihfte7LSacR4TihMoUa99RSo8LC"
+PG_BASIC = "Basic " + base64.b64encode(f"{PG_USER}:{PG_PASSWORD}".encode()).decode()
+
+
+@contextlib.contextmanager
+def _pushgateway(*flags: str, authorization: str = "") -> Iterator[str]:
     binary = shutil.which("prometheus-pushgateway")
     assert binary, "apt-get install -y prometheus-pushgateway"
     port = _free_port()
     proc = subprocess.Popen(
-        [binary, f"--web.listen-address=127.0.0.1:{port}"],
+        [binary, f"--web.listen-address=127.0.0.1:{port}", *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -45,7 +55,7 @@ def pushgateway(tmp_path: Path) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(url + "/-/ready", timeout=1)
+                _get(url + "/-/ready", authorization, timeout=1)
                 break
             except OSError:
                 assert time.monotonic() < deadline, "pushgateway did not start"
@@ -56,8 +66,20 @@ def pushgateway(tmp_path: Path) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def _metrics(url: str) -> str:
-    return urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+@pytest.fixture
+def pushgateway() -> Iterator[str]:
+    with _pushgateway() as url:
+        yield url
+
+
+def _get(url: str, authorization: str = "", timeout: float = 5) -> str:
+    headers = {"Authorization": authorization} if authorization else {}
+    req = urllib.request.Request(url, headers=headers)
+    return urllib.request.urlopen(req, timeout=timeout).read().decode()
+
+
+def _metrics(url: str, authorization: str = "") -> str:
+    return _get(url + "/metrics", authorization)
 
 
 def _analyze_text_1rps(*options: str):
@@ -174,3 +196,25 @@ def test_only_dashboard_metric_names_are_written() -> None:
     assert written == expected
     gen = (REPO / "dashboards" / "generate.py").read_text()
     assert all(name in gen for name in expected)
+
+
+def test_push_with_credentials_in_the_url(tmp_path: Path) -> None:
+    """A Pushgateway behind HTTP Basic authentication: user:password@ in --pushgateway is sent
+    as the Authorization header, and neither the output nor the files written quote it."""
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(f"basic_auth_users:\n  {PG_USER}: {PG_BCRYPT}\n")
+    with _pushgateway(f"--web.config.file={web_config}", authorization=PG_BASIC) as url:
+        with pytest.raises(urllib.error.HTTPError):  # it does refuse anonymous requests
+            _metrics(url)
+        out = tmp_path / "out"
+        authed = url.replace("http://", f"http://{PG_USER}:{PG_PASSWORD}@")
+        ok = _analyze_text_1rps("--pushgateway", authed, "--out", str(out))
+        assert f"pushed {url}/metrics/job/slo_loadtest/workload/text" in ok.output, ok.output
+        assert "slo_loadtest_slo_pass" in _metrics(url, PG_BASIC)
+        wrong = _analyze_text_1rps("--pushgateway", url.replace("http://", "http://pusher:Wr0ng1@"))
+        assert f"warning: push to {url}/metrics/job/" in wrong.output, wrong.output
+        assert "401" in wrong.output, wrong.output
+    for text in (ok.output, wrong.output):
+        assert PG_PASSWORD not in text and "Wr0ng1" not in text and "pusher:" not in text, text
+    for p in (p for p in out.rglob("*") if p.is_file()):
+        assert PG_PASSWORD.encode() not in p.read_bytes(), p

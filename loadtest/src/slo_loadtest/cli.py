@@ -165,6 +165,13 @@ def build_config(values: dict[str, Any]) -> SweepConfig:
         )
     kwargs = {k: v for k, v in values.items() if k in known and v is not None}
     cfg = SweepConfig(**kwargs)
+    if cfg.api_key and cfg.target_authorization:
+        # both would be the Authorization header: one would silently replace the other
+        raise click.BadParameter(
+            "give the server's credentials once: user:password@ in the target URL (HTTP Basic) "
+            "or --api-key (Bearer), not both",
+            param_hint="'--api-key'",
+        )
     if cfg.warmup_s >= cfg.duration_s:
         raise click.BadParameter(
             f"the warm-up ({cfg.warmup_s:g} s) must be shorter than the duration "

@@ -13,6 +13,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from slo_loadtest.credentials import split_userinfo
+
 ENV_PREFIX = "SLO_LOADTEST_"
 DEFAULT_RATES: tuple[float, ...] = tuple(float(r) for r in range(1, 21))
 WORKLOAD_KINDS: tuple[str, ...] = ("text", "video", "image")
@@ -63,10 +65,16 @@ class Criteria:
 @dataclass(frozen=True)
 class SweepConfig:
     target: str = _f(
-        "", "OpenAI-compatible server, e.g. http://127.0.0.1:8000 (a /v1 suffix is ok)."
+        "",
+        "OpenAI-compatible server, e.g. http://127.0.0.1:8000 (a /v1 suffix is ok); "
+        "http://user:password@host:8000 sends HTTP Basic authentication (never written to disk).",
     )
     model: str = _f("", "Served model name; empty: the first model the server lists at /v1/models.")
-    api_key: str = _f("", "Bearer token for the server (better set through SLO_LOADTEST_API_KEY).")
+    api_key: str = _f(
+        "",
+        "Bearer token for the server (better set through SLO_LOADTEST_API_KEY; never written "
+        "to disk).",
+    )
     extra_body: dict[str, Any] = _ff(  # noqa: RUF009 - a default_factory
         dict,
         "JSON object merged into every request body, e.g. '{\"skip_special_tokens\": false}' "
@@ -165,6 +173,24 @@ class SweepConfig:
     def shape(self) -> WorkloadShape:
         names = {f.name for f in fields(WorkloadShape)}
         return WorkloadShape(**{n: getattr(self, n) for n in names})
+
+    @property
+    def target_url(self) -> str:
+        """The target without ``user:password@``: what guidellm and every output see."""
+        return split_userinfo(self.target)[0]
+
+    @property
+    def target_authorization(self) -> str:
+        """``Basic ...`` from the target's ``user:password@``, else ``""``."""
+        return split_userinfo(self.target)[1]
+
+    @property
+    def authorization(self) -> str:
+        """The ``Authorization`` header value of every request: HTTP Basic from the target's
+        credentials, else ``Bearer <api key>``, else ``""`` (the CLI refuses both at once)."""
+        if self.target_authorization:
+            return self.target_authorization
+        return f"Bearer {self.api_key}" if self.api_key else ""
 
     @property
     def effective_step_timeout_s(self) -> float:

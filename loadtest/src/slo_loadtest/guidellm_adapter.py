@@ -7,7 +7,9 @@ It was written against guidellm 0.8.1; tests/fixtures holds real 0.8.1 reports.
 
 Each rate is its own ``python -m guidellm run`` subprocess in its own session, bounded in wall
 time by us (guidellm #431: hangs between constant-rate steps), killed as a process group when
-it overruns.
+it overruns. With credentials in the target URL it is ``python -m slo_loadtest.guidellm_adapter
+run``: guidellm's CLI plus the ``Authorization`` header, which no file guidellm writes holds
+(bottom of this module).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from slo_loadtest.credentials import scrub
 
 SUPPORTED_VERSIONS = ("0.8.1",)
 REPORT_NAME = "guidellm-report.json"
@@ -51,6 +55,9 @@ class StepSpec:
     request_timeout_s: float = 30.0
     max_workers: int = 2
     api_key: str = ""
+    # an Authorization header value for every request (HTTP Basic from the target URL's
+    # user:password@); like api_key, it reaches guidellm through its environment only
+    authorization: str = ""
     tokenizer: str = ""
     sample_size: int | None = 20
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -129,14 +136,28 @@ def _warmup(seconds: float) -> float | dict[str, Any]:
 
 # guidellm's BenchmarkScenario is a pydantic BaseSettings (prefix GUIDELLM__, nested "__"): it
 # fills spec.backend.api_key from this variable, so the key never has to be written to disk
+# (api_key is a SecretStr: guidellm's report shows it as '**********', its log not at all)
 API_KEY_ENV = "GUIDELLM__SPEC__BACKEND__API_KEY"
+# Credentials of the target URL (user:password@) have no such field: guidellm 0.8.1 writes the
+# backend's target, in plain text, into its report (twice) and its log, and its extras.headers
+# too; api_key can only be sent as Bearer. So guidellm gets the target without them, and the
+# step runs `python -m slo_loadtest.guidellm_adapter run ...` (guidellm's own CLI, below), which
+# adds the Authorization header from this variable to every request the openai_http backend
+# builds, in the main process and in each worker process (spawned: they run this module's top
+# level as __mp_main__).
+AUTHORIZATION_ENV = "SLO_LOADTEST_GUIDELLM_AUTHORIZATION"
+LAUNCHER = "slo_loadtest.guidellm_adapter"
 
 
 def step_env(spec: StepSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
-    env.pop(API_KEY_ENV, None)  # only --api-key authenticates, as it does the preflight
+    # only the sweep's own credentials authenticate, as they do the preflight
+    env.pop(API_KEY_ENV, None)
+    env.pop(AUTHORIZATION_ENV, None)
     if spec.api_key:
         env[API_KEY_ENV] = spec.api_key
+    if spec.authorization:
+        env[AUTHORIZATION_ENV] = spec.authorization
     env.update(
         {
             "GUIDELLM__MAX_WORKER_PROCESSES": str(spec.max_workers),
@@ -158,7 +179,8 @@ def run_step(spec: StepSpec, timeout_s: float) -> StepOutcome:
     cmd = [
         sys.executable,
         "-m",
-        "guidellm",
+        # guidellm's CLI either way; this module's adds the Authorization header (see above)
+        LAUNCHER if spec.authorization else "guidellm",
         "run",
         "--scenario",
         str(spec.scenario_path.resolve()),
@@ -197,7 +219,7 @@ def run_step(spec: StepSpec, timeout_s: float) -> StepOutcome:
             wall,
             report,
             spec.log_path,
-            f"guidellm failed ({why}): " + last_error_line(spec.log_path),
+            f"guidellm failed ({why}): " + scrub(last_error_line(spec.log_path)),
         )
     return StepOutcome("ok", rc, wall, report, spec.log_path)
 
@@ -412,7 +434,8 @@ def _error_text(err: Any) -> str:
     tail and the request URL's line break dropped, so equal errors group together."""
     # guidellm stores repr(exception): the line break may be a literal backslash-n
     text = re.split(r"(?:\\n|\n)For more information", str(err), maxsplit=1)[0]
-    return " ".join(text.split())[:300]
+    # a report of an older run (or another tool) may quote a URL with its credentials
+    return scrub(" ".join(text.split()))[:300]
 
 
 def top_errors(b: Mapping[str, Any], limit: int = 3) -> list[str]:
@@ -431,3 +454,39 @@ def load_report(path: Path) -> Report:
     with Path(path).open() as fh:
         data = json.load(fh)
     return parse_report(data, source=str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# `python -m slo_loadtest.guidellm_adapter run ...`: guidellm's CLI with an Authorization header
+# --------------------------------------------------------------------------------------------
+
+
+def _send_authorization_from_env() -> None:
+    """Add the ``AUTHORIZATION_ENV`` header to every request of guidellm's openai_http backend
+    (its one header builder: the health check, /v1/models and every generation request)."""
+    value = os.environ.get(AUTHORIZATION_ENV)
+    if not value:
+        return
+    from guidellm.backends.openai.http import OpenAIHTTPBackend
+
+    build = getattr(OpenAIHTTPBackend, "_build_headers", None)
+    if build is None:  # another guidellm: fail the step rather than send no credentials
+        raise RuntimeError(
+            f"guidellm {guidellm_version()} has no OpenAIHTTPBackend._build_headers: cannot send "
+            "the target URL's credentials (supported: " + ", ".join(SUPPORTED_VERSIONS) + ")"
+        )
+
+    def build_headers(
+        self: Any, existing_headers: dict[str, str] | None = None
+    ) -> dict[str, str] | None:
+        return {**(build(self, existing_headers) or {}), "Authorization": value}
+
+    OpenAIHTTPBackend._build_headers = build_headers  # type: ignore[method-assign]
+
+
+if __name__ in ("__main__", "__mp_main__"):  # guidellm's main process, or one of its workers
+    _send_authorization_from_env()
+    if __name__ == "__main__":
+        from guidellm.cli import cli
+
+        cli()

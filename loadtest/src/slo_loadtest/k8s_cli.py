@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,34 @@ _NOT_SETTABLE = {
     "out": "the Job writes to /results",
     "api_key": "use --api-key-secret (a Secret, not plain text in the Job)",
 }
+
+
+# The Job spec is readable by whoever may read Jobs, `--dry-run` prints it, and the pod script
+# echoes the target into the pod log (which `fetch` and `logs` read): credentials go through a
+# Secret (--api-key-secret) or not at all.
+_IN_A_SECRET = (
+    "would be plain text in the Job spec (and the target in the pod log); put the server's key in "
+    "a Secret and use --api-key-secret NAME"
+)
+
+
+def _refuse_plain_credentials(
+    target: str, settings: Mapping[str, str], args: tuple[str, ...]
+) -> None:
+    from slo_loadtest.credentials import has_userinfo
+
+    if has_userinfo(target):
+        raise click.BadParameter(f"credentials in the URL {_IN_A_SECRET}", param_hint="'--target'")
+    if has_userinfo(settings.get("pushgateway", "")):
+        raise click.BadParameter(
+            "credentials in the Pushgateway URL would be plain text in the Job spec",
+            param_hint="'--set pushgateway'",
+        )
+    for arg in args:
+        if arg.split("=", 1)[0] == "--api-key":
+            raise click.BadParameter(f"--api-key {_IN_A_SECRET}", param_hint="'--arg'")
+        if has_userinfo(arg):
+            raise click.BadParameter(f"credentials in a URL {_IN_A_SECRET}", param_hint="'--arg'")
 
 
 def setting_keys() -> dict[str, str]:
@@ -358,6 +387,7 @@ def start(
             target = check_target(target)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--target'") from None
+    _refuse_plain_credentials(target, settings, args)
     # the extra body is checked here, not first in the pod: a typo fails now, with exit 2
     if extra_body.strip() and "extra_body" in settings:
         raise click.BadParameter(

@@ -32,6 +32,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from slo_loadtest.credentials import redact_url, split_userinfo
+
 PER_RATE = {
     "slo_loadtest_e2e_p95_seconds": ("latency_p95_ms", 1e-3, "client-side e2e latency p95"),
     "slo_loadtest_ttft_p95_seconds": ("ttft_p95_ms", 1e-3, "client-side TTFT p95"),
@@ -112,6 +114,9 @@ def push(
     base = url.rstrip("/")
     if "://" not in base:
         base = "http://" + base
+    # user:password@ is sent as HTTP Basic (urllib would take it for a host name); the URLs
+    # returned and quoted in errors carry no credentials
+    base, authorization = split_userinfo(base)
     pushed = []
     now = time.time()
     for workload in summary["workloads"]:
@@ -125,13 +130,18 @@ def push(
             base + path,
             data=body,
             method="PUT",
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            headers={
+                "Content-Type": "text/plain; version=0.0.4; charset=utf-8",
+                **({"Authorization": authorization} if authorization else {}),
+            },
         )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 if resp.status // 100 != 2:
-                    raise RuntimeError(f"pushgateway answered {resp.status} for {base + path}")
+                    raise RuntimeError(
+                        f"pushgateway answered {resp.status} for {redact_url(base + path)}"
+                    )
         except (urllib.error.URLError, OSError) as exc:
-            raise RuntimeError(f"push to {base + path} failed: {exc}") from exc
-        pushed.append(base + path)
+            raise RuntimeError(f"push to {redact_url(base + path)} failed: {exc}") from exc
+        pushed.append(redact_url(base + path))
     return pushed

@@ -4,7 +4,7 @@
 One flat mapping, drawn from a summary (its ``config``, ``criteria`` and top-level fields), with
 each value as the CSV writes it, so a value read back from a ``results.csv`` compares equal to
 the same value taken from a ``summary.json``. Secrets never get here: ``config_record`` drops
-the API key and every URL goes through :func:`redact_url`.
+the API key and every URL goes through :func:`redact_url` (``slo_loadtest.credentials``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from slo_loadtest.credentials import redact_url
 
 # (key, where it comes from): "config" (summary["config"]), "criteria", or the summary itself
 KEYS: tuple[tuple[str, str], ...] = (
@@ -66,22 +67,6 @@ WORKLOAD_KEYS = {
               "video_codec"),
     "image": ("media_prompt_tokens", "image_width", "image_height", "images_per_request"),
 }  # fmt: skip
-
-
-def redact_url(url: str) -> str:
-    """The URL without credentials: no user:password@, no query (it may carry a token)."""
-    if not url:
-        return url
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<unparsable URL>"
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    netloc = host + (f":{port}" if port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def cell(v: Any) -> str:

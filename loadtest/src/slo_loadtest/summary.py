@@ -17,8 +17,8 @@ from typing import Any
 
 from slo_loadtest import __version__
 from slo_loadtest.config import Criteria
+from slo_loadtest.credentials import redact_url
 from slo_loadtest.guidellm_adapter import Measurement
-from slo_loadtest.run_config import redact_url
 from slo_loadtest.verdict import (
     FAIL,
     INCONCLUSIVE,

@@ -21,8 +21,8 @@ from typing import Any
 
 from slo_loadtest import guidellm_adapter as gl
 from slo_loadtest.config import SweepConfig
+from slo_loadtest.credentials import redact_url, split_userinfo
 from slo_loadtest.dataset import Dataset, DatasetWriter
-from slo_loadtest.run_config import redact_url
 from slo_loadtest.verdict import (
     NO_CONTENT_HINT,
     STATUS_ERROR,
@@ -41,19 +41,23 @@ def rate_tag(rate: float) -> str:
     return f"r{rate:g}".replace(".", "p")
 
 
-def _request(url: str, api_key: str, timeout_s: float) -> Any:
-    req = urllib.request.Request(
-        url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
-    )
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read() or b"null")
+def _endpoint(target: str, path: str, authorization: str = "") -> tuple[str, dict[str, str]]:
+    """The URL of ``path`` on the target, without credentials (so every message may quote it),
+    and the headers that authenticate: ``authorization`` (an ``Authorization`` value), else HTTP
+    Basic from the target's ``user:password@`` (urllib would take those for a host name)."""
+    url, basic = split_userinfo(_base(target))
+    auth = authorization or basic
+    return url + path, ({"Authorization": auth} if auth else {})
 
 
-def served_models(target: str, api_key: str = "", timeout_s: float = 10.0) -> list[str]:
+def served_models(target: str, authorization: str = "", timeout_s: float = 10.0) -> list[str]:
     """The model names the server lists at /v1/models; raises ConnectionError when it can't."""
-    url = _base(target) + "/v1/models"
+    url, headers = _endpoint(target, "/v1/models", authorization)
     try:
-        data = _request(url, api_key, timeout_s)
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=timeout_s
+        ) as resp:
+            data = json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         raise ConnectionError(f"{url}: HTTP {exc.code} {_error_body(exc)}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -65,15 +69,15 @@ def served_models(target: str, api_key: str = "", timeout_s: float = 10.0) -> li
     return models
 
 
-def resolve_model(target: str, api_key: str = "", timeout_s: float = 10.0) -> str:
+def resolve_model(target: str, authorization: str = "", timeout_s: float = 10.0) -> str:
     """The first model the server lists at /v1/models; raises ConnectionError when it can't."""
-    return served_models(target, api_key, timeout_s)[0]
+    return served_models(target, authorization, timeout_s)[0]
 
 
 def probe_request(
     target: str,
     model: str,
-    api_key: str = "",
+    authorization: str = "",
     extra_body: dict[str, Any] | None = None,
     timeout_s: float = 60.0,
 ) -> None:
@@ -87,10 +91,8 @@ def probe_request(
         "max_tokens": 1,
         "stream": False,
     }
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    url = _base(target) + "/v1/chat/completions"
+    url, headers = _endpoint(target, "/v1/chat/completions", authorization)
+    headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -121,13 +123,11 @@ def _error_body(exc: urllib.error.HTTPError, limit: int = 300) -> str:
     return " ".join(raw.split())[:limit] or str(exc.reason)
 
 
-def server_healthy(target: str, api_key: str = "", timeout_s: float = 5.0) -> bool:
-    base = target.rstrip("/").removesuffix("/v1")
+def server_healthy(target: str, authorization: str = "", timeout_s: float = 5.0) -> bool:
     for path in ("/health", "/v1/models"):
+        url, headers = _endpoint(target, path, authorization)
         try:
-            req = urllib.request.Request(
-                base + path, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
-            )
+            req = urllib.request.Request(url, headers=headers)
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 if resp.status == 200:
                     return True
@@ -203,7 +203,7 @@ class Sweep:
         """The server lists the model and answers one real request; raises ConnectionError."""
         cfg = self.cfg
         try:
-            models = served_models(cfg.target, cfg.api_key)
+            models = served_models(cfg.target_url, cfg.authorization)
         except ConnectionError as exc:
             raise ConnectionError(f"target unreachable: {exc}") from None
         if not self.model:
@@ -211,15 +211,22 @@ class Sweep:
             self.log(f"model: {self.model} (from /v1/models)")
         elif self.model not in models:
             raise ConnectionError(
-                f"model {self.model!r} is not served by {cfg.target}; /v1/models lists: "
-                + ", ".join(models)
+                f"model {self.model!r} is not served by {redact_url(cfg.target)}; /v1/models "
+                "lists: " + ", ".join(models)
             )
         try:
             probe_request(
-                cfg.target, self.model, cfg.api_key, cfg.extra_body, cfg.request_timeout_s
+                cfg.target_url,
+                self.model,
+                cfg.authorization,
+                cfg.extra_body,
+                cfg.request_timeout_s,
             )
         except ConnectionError as exc:
             raise ConnectionError(f"preflight request failed: {exc}") from None
+
+    def _server_healthy(self) -> bool:
+        return server_healthy(self.cfg.target_url, self.cfg.authorization)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -247,7 +254,7 @@ class Sweep:
     ) -> dict[str, Any] | None:
         for rate in self.cfg.rates:
             r = self._step(workload, rate, datasets[(workload, rate)])
-            if r.status != STATUS_OK and not server_healthy(self.cfg.target, self.cfg.api_key):
+            if r.status != STATUS_OK and not self._server_healthy():
                 return {
                     "workload": workload,
                     "rate": rate,
@@ -263,7 +270,9 @@ class Sweep:
         cfg = self.cfg
         self._current = (workload, rate)
         spec = gl.StepSpec(
-            target=cfg.target,
+            # no credentials in guidellm's target: it writes the target into its scenario,
+            # report and log; they travel in its environment (api_key, authorization)
+            target=cfg.target_url,
             model=self.model,
             rate=rate,
             duration_s=cfg.duration_s,
@@ -273,6 +282,7 @@ class Sweep:
             request_timeout_s=cfg.request_timeout_s,
             max_workers=cfg.max_workers,
             api_key=cfg.api_key,
+            authorization=cfg.target_authorization,
             tokenizer=cfg.tokenizer,
             sample_size=cfg.report_samples,
             labels={"workload": workload, "rate": f"{rate:g}", "tool": "slo-loadtest"},
@@ -371,7 +381,7 @@ class Sweep:
             self.timings["media_s"] += time.monotonic() - t0
             r = self._step(workload, rate, ds, probe=True)
             (passed if r.passed else failed).append(rate)
-            if r.status != STATUS_OK and not server_healthy(self.cfg.target, self.cfg.api_key):
+            if r.status != STATUS_OK and not self._server_healthy():
                 return {
                     "workload": workload,
                     "rate": rate,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from slo_loadtest.config import WORKLOAD_KINDS
+from slo_loadtest.credentials import redact_url, scrub
 from slo_loadtest.media import VIDEO_CODECS
 
 MAX_RATES = 200
@@ -98,21 +99,33 @@ def check_video_codec(name: str) -> str:
 
 
 def check_target(url: str) -> str:
-    """An http(s) URL with a host; returns it without a trailing slash."""
+    """An http(s) URL with a host; returns it without a trailing slash. Messages never quote
+    its credentials (``user:password@`` is shown as ``***@``)."""
     url = (url or "").strip()
     if not url:
         raise ValueError("a target URL is required, e.g. http://127.0.0.1:8000")
-    parsed = urlparse(url)
+    shown = scrub(url)
+    try:
+        parsed = urlsplit(url)
+    except ValueError:
+        raise ValueError(f"{shown!r} is not a valid URL") from None
     if parsed.scheme not in ("http", "https"):
-        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        raise ValueError(f"{shown!r} is not an http:// or https:// URL")
     if not parsed.hostname:
-        raise ValueError(f"{url!r} has no host")
+        raise ValueError(f"{shown!r} has no host")
     try:
         port = parsed.port
     except ValueError:
-        raise ValueError(f"{url!r} has an invalid port") from None
+        raise ValueError(f"{shown!r} has an invalid port") from None
     if port == 0:
-        raise ValueError(f"{url!r} has an invalid port 0")
+        raise ValueError(f"{shown!r} has an invalid port 0")
+    if parsed.query or parsed.fragment:
+        # the API paths are appended to the target; a query (often a token) would end up in
+        # the middle of every request URL, and in guidellm's files
+        raise ValueError(
+            f"{redact_url(url)!r}: a query or fragment is not supported in the target URL "
+            "(credentials: http://user:password@host or --api-key)"
+        )
     return url.rstrip("/")
 
 
