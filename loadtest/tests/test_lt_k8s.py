@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from lt_fake_kube_api import FakeKubeAPI
 
 from slo_loadtest.cli import cli
 from slo_loadtest.config import Criteria
+from slo_loadtest.exit_codes import EXIT_USAGE
 from slo_loadtest.guidellm_adapter import load_report
 from slo_loadtest.k8s import (
     JOB_SCRIPT,
@@ -616,3 +618,28 @@ def test_status_says_why_the_pod_is_pending_or_failed(tmp_path: Path) -> None:
         st = status(name)
         assert st["phase"] == "failed" and st["reason"] == "OOMKilled", st
         assert "container loadtest exited with code 137 (OOMKilled)" in st["message"]
+
+
+def test_local_commands_need_no_kubernetes_client() -> None:
+    """A local sweep on a host installed --no-deps without the kubernetes client (the twenty-third
+    GPU sitting's wheelhouse) still starts; a `k8s` command that talks to a cluster says what is
+    missing in one line instead of a traceback."""
+    code = (
+        "import sys; sys.modules['kubernetes'] = None\n"  # `import kubernetes` now raises
+        "from slo_loadtest.cli import cli\n"
+        "argv = sys.argv[1:]\n"
+        "cli.main(argv, prog_name='slo-loadtest')\n"
+    )
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-c", code, *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    for argv, shown in ((["run", "--help"], "--target"), (["k8s", "start", "--help"], "--cpu")):
+        proc = run(*argv)
+        assert proc.returncode == 0, proc.stderr
+        assert shown in proc.stdout
+    proc = run("k8s", "status", "--api-server", "http://127.0.0.1:9")
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "the kubernetes Python client is not installed" in proc.stderr

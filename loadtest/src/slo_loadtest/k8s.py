@@ -30,6 +30,8 @@ from typing import Any
 
 from kubernetes import client
 
+from slo_loadtest.k8s_defaults import DEFAULT_CPU, DEFAULT_MEMORY
+
 CHART_NAME = "gemma4-serving"
 CONTAINER = "loadtest"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -119,11 +121,6 @@ class JobOptions:
     resources: Mapping[str, Any] | None = None
 
 
-# The chart's loadtest.resources defaults, so `k8s start` and the chart run the same pod. Requests
-# keep the pod out of BestEffort (first evicted, no CPU guaranteed); guidellm's workers and the
-# media process pool need several cores, and a starved client falls behind, which makes rates
-# inconclusive. No CPU limit: throttling would do the same; a memory limit bounds the node's risk.
-DEFAULT_CPU, DEFAULT_MEMORY = "4", "4Gi"
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")

@@ -12,7 +12,7 @@ import click
 
 from slo_loadtest.config import env_var
 from slo_loadtest.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE
-from slo_loadtest.k8s import DEFAULT_CPU, DEFAULT_MEMORY
+from slo_loadtest.k8s_defaults import DEFAULT_CPU, DEFAULT_MEMORY
 
 
 class K8sUsageError(click.ClickException):
@@ -40,9 +40,18 @@ def _api_message(exc: Any) -> str:
 
 def _translate(exc: Exception, namespace: str) -> click.ClickException | None:
     """A kubernetes/urllib3 exception as one clear line with its exit code (None: not ours)."""
-    from kubernetes.client import ApiException
-    from kubernetes.config import ConfigException
-    from urllib3.exceptions import HTTPError as Urllib3Error
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "kubernetes":
+        # an install without dependencies (an air-gapped --no-deps one) that left it out
+        return K8sUsageError(
+            "the kubernetes Python client is not installed (pip install 'kubernetes>=29'); "
+            "local commands such as `slo-loadtest run` do not need it"
+        )
+    try:
+        from kubernetes.client import ApiException
+        from kubernetes.config import ConfigException
+        from urllib3.exceptions import HTTPError as Urllib3Error
+    except ImportError:
+        return None
 
     if isinstance(exc, ConfigException):
         return K8sUsageError(
@@ -72,7 +81,7 @@ class _K8sGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except click.ClickException:
+        except (click.ClickException, click.exceptions.Exit):  # Exit: --help, ctx.exit()
             raise
         except Exception as exc:
             err = _translate(exc, str(ctx.meta.get(_NS_KEY, "")))
