@@ -18,16 +18,19 @@ class RecordingServer:
         tokens: int = 10,
         delay_s: float = 0.0,
         special_tokens_only: bool = False,
+        no_text: bool = False,
         reject_media: bool = False,
         require_authorization: str | None = None,
     ) -> None:
         """``special_tokens_only``: behave like vLLM serving a dummy-weight model that generates
         only ``<pad>``: the tokens are counted in ``usage`` but the streamed deltas are empty,
-        unless the request body says ``"skip_special_tokens": false``."""
+        unless the request body says ``"skip_special_tokens": false``. ``no_text``: empty deltas
+        whatever the body says (random weights whose byte tokens never complete a character)."""
         self.model = model
         self.tokens = tokens
         self.delay_s = delay_s
         self.special_tokens_only = special_tokens_only
+        self.no_text = no_text
         # answer a request with an image or video part 400, as vLLM does past
         # --limit-mm-per-prompt (text requests still succeed)
         self.reject_media = reject_media
@@ -115,6 +118,8 @@ class RecordingServer:
                     text = f" t{i}"
                     if server.special_tokens_only:
                         text = "" if body.get("skip_special_tokens", True) else "<pad>"
+                    if server.no_text:
+                        text = ""
                     chunk = {
                         "id": "r",
                         "object": "chat.completion.chunk",

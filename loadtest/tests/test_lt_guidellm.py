@@ -261,6 +261,22 @@ def test_no_streamed_content_is_diagnosed(tmp_path: Path) -> None:
     assert "- extra request body" not in md and "| extra request body | none |" in md
 
 
+def test_no_content_hint_knows_the_request_body(tmp_path: Path) -> None:
+    """With skip_special_tokens already false (the H100 sitting's sweeps), requests that still
+    stream no text are not told to pass it: the hint names what is left."""
+    out = tmp_path / "out"
+    with RecordingServer(no_text=True) as srv:
+        proc = _run_cli(srv, out, "--extra-body", json.dumps(EXTRA))
+    assert proc.returncode in (0, 1), proc.stderr
+    (r,) = json.loads((out / "summary.json").read_text())["results"]
+    assert r["notes"] and r["notes"][0].startswith("no streamed content arrived")
+    md = (out / "report.md").read_text()
+    for text in (proc.stderr, md):
+        assert "the requests already set skip_special_tokens false" in text
+        assert "byte tokens that never complete a UTF-8 character" in text
+        assert "--extra-body '{" not in text
+
+
 def test_connection_per_request_closes_every_connection(tmp_path: Path) -> None:
     """--connection-per-request travels CLI -> config -> scenario -> guidellm -> every request as
     `Connection: close` (httpx then opens a new connection for the next request: what spreads

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slo_loadtest import run_config
-from slo_loadtest.verdict import INCONCLUSIVE, MARGINAL, NO_CONTENT_HINT, STATUS_OK
+from slo_loadtest.verdict import INCONCLUSIVE, MARGINAL, STATUS_OK, no_content_hint
 
 CSV_COLUMNS = [
     "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
@@ -126,8 +126,8 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
         where = "; ".join(f"{w} {', '.join(rates)} req/s" for w, rates in at.items())
         out.append(
             f"- **TTFT/ITL not (fully) measured** at {where}: some or all successful requests "
-            f"streamed no text (see Notes); {NO_CONTENT_HINT}. Pass/fail rests on the total "
-            "latency and is not affected."
+            f"streamed no text (see Notes); {no_content_hint(extra_body)}. Pass/fail rests on "
+            "the total latency and is not affected."
         )
     if summary.get("failed_step"):
         f = summary["failed_step"]

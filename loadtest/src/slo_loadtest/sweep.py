@@ -24,12 +24,13 @@ from slo_loadtest.config import SweepConfig
 from slo_loadtest.credentials import redact_url, split_userinfo
 from slo_loadtest.dataset import Dataset, DatasetWriter
 from slo_loadtest.verdict import (
-    NO_CONTENT_HINT,
+    MARGINAL,
     STATUS_ERROR,
     STATUS_NOT_RUN,
     STATUS_OK,
     RateResult,
     judge_result,
+    no_content_hint,
     rate_verdict,
 )
 
@@ -321,8 +322,7 @@ class Sweep:
         self.log(self._line(r))
         return r
 
-    @staticmethod
-    def _line(r: RateResult) -> str:
+    def _line(self, r: RateResult) -> str:
         m = r.measurement
         head = f"[{r.workload} {r.target_rate:g} req/s]"
         if r.status != STATUS_OK or m is None:
@@ -331,7 +331,11 @@ class Sweep:
         def f(v: float | None) -> str:
             return "-" if v is None else f"{v:.0f}"
 
-        notes = "".join(f"\n{head} note: {n} ({NO_CONTENT_HINT})" for n in r.notes)
+        notes = "".join(
+            f"\n{head} note: {n}"
+            + ("" if n.startswith(MARGINAL) else f" ({no_content_hint(self.cfg.extra_body)})")
+            for n in r.notes
+        )
         return (
             f"{head} {rate_verdict(r).upper()} achieved "
             f"{(m.achieved_rate or 0):.2f} req/s, TTFT p95 {f(m.ttft_p95_ms)} ms, "

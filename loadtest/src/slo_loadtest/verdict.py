@@ -36,6 +36,7 @@ only when its outcome depends on an inconclusive rate: a definite failure still 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -141,13 +142,23 @@ def fell_behind_only(checks: list[tuple[str, bool]]) -> bool:
     return any(why.startswith(BEHIND) for why, _ in checks) and all(p for _, p in checks)
 
 
-NO_CONTENT_HINT = (
-    "a model that emits only special tokens (dummy weights) streams no text, because vLLM drops "
-    "special tokens from streamed text; for such a model pass "
-    """--extra-body '{"skip_special_tokens": false}'"""
-    "; ids its tokenizer does not name decode to nothing as well (a test tokenizer smaller than "
-    "the model's vocabulary)"
-)
+def no_content_hint(extra_body: Mapping[str, Any] | None) -> str:
+    """The likely cause of successful requests that streamed no text, and the fix. With
+    ``skip_special_tokens`` already false in the request body (the H100 sitting's sweeps) special
+    tokens are not the cause, so the hint says what is left instead of repeating the fix."""
+    rest = (
+        "ids its tokenizer does not name decode to nothing (a test tokenizer smaller than the "
+        "model's vocabulary), and so do byte tokens that never complete a UTF-8 character "
+        "(random weights)"
+    )
+    if (extra_body or {}).get("skip_special_tokens") is False:
+        return f"the requests already set skip_special_tokens false; {rest}"
+    return (
+        "a model that emits only special tokens (dummy weights) streams no text, because vLLM "
+        "drops special tokens from streamed text; for such a model pass "
+        """--extra-body '{"skip_special_tokens": false}'; """
+        f"{rest}"
+    )
 
 
 def _missing(v: float | None) -> bool:
@@ -156,7 +167,7 @@ def _missing(v: float | None) -> bool:
 
 def content_notes(m: Measurement) -> list[str]:
     """Plain-language notes when successful requests streamed no content (see module doc);
-    :data:`NO_CONTENT_HINT` says the likely cause and the fix."""
+    :func:`no_content_hint` says the likely cause and the fix."""
     n = m.successful
     if n <= 0:
         return []
