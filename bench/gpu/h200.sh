@@ -204,6 +204,8 @@ install)
   python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+  # the API servers' media work is CPU-bound: hosts' CPUs differed 2x (twenty-third sitting)
+  echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) cores"
   ;;
 verify | encoder)
   cd "$REPO"

@@ -7,3 +7,20 @@ TARGET="${2:?usage: install-wheelhouse.sh WHEELHOUSE_DIR TARGET_DIR}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$TARGET" "$WHEELS"/*.whl
 echo "installed $(find "$WHEELS" -name '*.whl' | wc -l) wheels into $TARGET"
+# --no-deps installs whatever is there: import every entry point's modules now, so that a wheel
+# missing from the wheelhouse is named here and not by the first load test (the twenty-third
+# sitting's slo-loadtest failed on a missing kubernetes client).
+PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" python3 -c '
+import importlib, sys
+missing = []
+for name in ("vllm", "guidellm", "gemma4_batched_encoder.plugin", "slo_loadtest.cli", "slo_loadtest.k8s",
+             "slo_loadtest.plots"):
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        missing.append(f"{name}: {exc}")
+if missing:
+    sys.exit("install-wheelhouse: the wheelhouse lacks what these need (rebuild it with wheelhouse.sh):\n  "
+             + "\n  ".join(missing))
+print("imports checked: vllm, guidellm, the plugin, slo-loadtest (k8s, plots)")
+'

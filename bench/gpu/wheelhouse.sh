@@ -4,9 +4,12 @@
 #   bench/gpu/wheelhouse.sh 0.26.0 .wheelhouse/vllm-0.26.0      # here, with network
 #   bench/gpu/install-wheelhouse.sh .wheelhouse/vllm-0.26.0 /opt/site   # there, without
 #
-# Resolves vllm==VERSION + guidellm + py-spy + PyAV + this repo's two packages for CPython 3.12 manylinux x86_64
-# from package metadata only, then downloads every wheel except what the host already has
-# (torch, torchvision, torchaudio, triton, nvidia-*: the host's CUDA build must stay in charge).
+# Resolves vllm==VERSION + guidellm + py-spy + PyAV + this repo's two packages (with everything
+# they require: the load test's kubernetes client was missing until the twenty-third sitting,
+# when the resolution left them out) for CPython 3.12 manylinux x86_64 from package metadata
+# only, then downloads every wheel except what the host already has (torch, torchvision,
+# torchaudio, triton, nvidia-*: the host's CUDA build must stay in charge).
+# RESOLVE_ONLY=1: write OUT_DIR/PINS.txt and stop (no downloads).
 set -euo pipefail
 VERSION="${1:?usage: wheelhouse.sh VLLM_VERSION OUT_DIR}"
 OUT="${2:?usage: wheelhouse.sh VLLM_VERSION OUT_DIR}"
@@ -19,7 +22,7 @@ MEDIA_CHECK="${MEDIA_CHECK:-av==18.1.0}"  # h200.sh host: bench/yuv_rgb_exact.py
 # transformers 5.24 + huggingface-hub 2.x, which shadow the host's 5.17 and break its import
 # (seen on the H200: "huggingface-hub>=1.5.0,<2.0 is required"). MLA/tilelang kernels are unused
 # by Gemma 4 and cost ~170 MB.
-EXCLUDE='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*|transformers|huggingface-hub|tokenizers|safetensors|tokenspeed-.*|tilelang|z3-solver)$'
+EXCLUDE='torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*|transformers|huggingface-hub|tokenizers|safetensors|tokenspeed-.*|tilelang|z3-solver'
 PLATFORMS=()
 for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 \
   manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
@@ -48,15 +51,22 @@ done
 python3 -m pip install -q --dry-run --ignore-installed --report "$TMP/report.json" \
   --find-links "$TMP/placeholders" \
   --only-binary=:all: --python-version "$PY_VERSION" --implementation cp "${PLATFORMS[@]}" \
-  --target "$TMP/target" "vllm==$VERSION" "$GUIDELLM" "$PROFILER" "$MEDIA_CHECK"
-python3 - "$TMP/report.json" "$EXCLUDE" >"$TMP/pins.txt" <<'PY'
+  --target "$TMP/target" "vllm==$VERSION" "$GUIDELLM" "$PROFILER" "$MEDIA_CHECK" \
+  "$ROOT/plugin" "$ROOT/loadtest"
+# this repo's packages are built in step 3, not downloaded
+python3 - "$TMP/report.json" "$EXCLUDE|vllm-gemma4-batched-encoder|slo-loadtest" >"$TMP/pins.txt" <<'PY'
 import json, re, sys
-report, exclude = json.load(open(sys.argv[1])), re.compile(sys.argv[2])
+report, exclude = json.load(open(sys.argv[1])), re.compile(f"^({sys.argv[2]})$")
 for item in report["install"]:
     name, version = item["metadata"]["name"], item["metadata"]["version"]
     if not exclude.match(name.lower().replace("_", "-")):
         print(f"{name}=={version}")
 PY
+if [[ "${RESOLVE_ONLY:-0}" == 1 ]]; then
+  cp "$TMP/pins.txt" "$OUT/PINS.txt"
+  echo "resolved $(wc -l <"$OUT/PINS.txt") wheels: $OUT/PINS.txt"
+  exit 0
+fi
 # 2. download exactly those wheels
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
   --implementation cp "${PLATFORMS[@]}" -d "$OUT" -r "$TMP/pins.txt"
