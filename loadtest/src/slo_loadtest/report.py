@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slo_loadtest import run_config
-from slo_loadtest.verdict import INCONCLUSIVE, MARGINAL, STATUS_OK, no_content_hint
+from slo_loadtest.verdict import INCONCLUSIVE, STATUS_OK, is_content_note, no_content_hint
 
 CSV_COLUMNS = [
     "workload", "target_rate", "status", "passed", "achieved_rate", "guidellm_rps_mean",
@@ -112,12 +112,12 @@ def to_markdown(summary: Mapping[str, Any], plots: list[str] | None = None) -> s
         out.append(f"- extra request body: `{json.dumps(extra_body, sort_keys=True)}`")
     noted = [row for row in rows if row["notes"]]
     no_content = [
-        r for r in summary["results"] if any(not n.startswith(MARGINAL) for n in r.get("notes", []))
+        r for r in summary["results"] if any(is_content_note(n) for n in r.get("notes", []))
     ]
     marginal = {
         (r["workload"], r["target_rate"])
         for r in summary["results"]
-        if any(n.startswith(MARGINAL) for n in r.get("notes", []))
+        if any(not is_content_note(n) for n in r.get("notes", []))
     }
     if no_content:
         at: dict[str, list[str]] = {}

@@ -24,11 +24,11 @@ from slo_loadtest.config import SweepConfig
 from slo_loadtest.credentials import redact_url, split_userinfo
 from slo_loadtest.dataset import Dataset, DatasetWriter
 from slo_loadtest.verdict import (
-    MARGINAL,
     STATUS_ERROR,
     STATUS_NOT_RUN,
     STATUS_OK,
     RateResult,
+    is_content_note,
     judge_result,
     no_content_hint,
     rate_verdict,
@@ -333,7 +333,7 @@ class Sweep:
 
         notes = "".join(
             f"\n{head} note: {n}"
-            + ("" if n.startswith(MARGINAL) else f" ({no_content_hint(self.cfg.extra_body)})")
+            + (f" ({no_content_hint(self.cfg.extra_body)})" if is_content_note(n) else "")
             for n in r.notes
         )
         return (

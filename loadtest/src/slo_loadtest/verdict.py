@@ -191,7 +191,13 @@ def content_notes(m: Measurement) -> list[str]:
     return []
 
 
-MARGINAL = "marginal:"  # how a marginal note starts (report.py tells it from content notes)
+MARGINAL = "marginal:"  # how a marginal note starts
+
+
+def is_content_note(note: str) -> bool:
+    """A note about streamed content (content_notes), not a marginal one: the no-content hint
+    belongs to these alone (report.py, the sweep's log lines)."""
+    return not note.startswith(MARGINAL)
 
 
 def marginal_notes(m: Measurement, c: Criteria) -> list[str]:
