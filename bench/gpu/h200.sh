@@ -181,8 +181,9 @@ install)
   if [[ ! -e /tmp/site-installed ]]; then
     mkdir -p /tmp/wh
     cat /tmp/parts/part-* | tar -x -C /tmp/wh
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" /tmp/wh/*/*.whl $(find "$REPO/.whl" -type f -name '*.whl')
+    wheelhouse=(/tmp/wh/*) # one folder: the wheelhouse's name
+    bash "$REPO/bench/gpu/install-wheelhouse.sh" "${wheelhouse[0]}" "$SITE" \
+      $(find "$REPO/.whl" -type f -name '*.whl')
     touch /tmp/site-installed
   fi
   if [[ "${INSTALL_MODEL:-1}" == 0 ]]; then
@@ -201,7 +202,6 @@ install)
       --out "$MODEL_DIR" $BUILD_ARGS
   fi
   du -sh "$MODEL_DIR"
-  python3 -c "import vllm, gemma4_batched_encoder, slo_loadtest, guidellm; print('vllm', vllm.__version__)"
   echo "install took $(($(date +%s) - t0)) s"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   # the API servers' media work is CPU-bound: hosts' CPUs differed 2x (twenty-third sitting)

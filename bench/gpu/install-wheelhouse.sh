@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install a wheelhouse made by wheelhouse.sh on a host without network, beside its own torch.
-#   bench/gpu/install-wheelhouse.sh WHEELHOUSE_DIR TARGET_DIR   then: export PYTHONPATH=TARGET_DIR
+#   bench/gpu/install-wheelhouse.sh WHEELHOUSE_DIR TARGET_DIR [MORE.whl ...]
+#   then: export PYTHONPATH=TARGET_DIR   (h200.sh install passes this tree's own wheels as MORE)
 set -euo pipefail
 WHEELS="${1:?usage: install-wheelhouse.sh WHEELHOUSE_DIR TARGET_DIR}"
 TARGET="${2:?usage: install-wheelhouse.sh WHEELHOUSE_DIR TARGET_DIR}"
+shift 2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$TARGET" "$WHEELS"/*.whl
-echo "installed $(find "$WHEELS" -name '*.whl' | wc -l) wheels into $TARGET"
+  --target "$TARGET" "$WHEELS"/*.whl "$@"
+echo "installed $(($(find "$WHEELS" -name '*.whl' | wc -l) + $#)) wheels into $TARGET"
 # --no-deps installs whatever is there: import every entry point's modules now, so that a wheel
 # missing from the wheelhouse is named here and not by the first load test (the twenty-third
 # sitting's slo-loadtest failed on a missing kubernetes client).
@@ -22,5 +24,6 @@ for name in ("vllm", "guidellm", "gemma4_batched_encoder.plugin", "slo_loadtest.
 if missing:
     sys.exit("install-wheelhouse: the wheelhouse lacks what these need (rebuild it with wheelhouse.sh):\n  "
              + "\n  ".join(missing))
-print("imports checked: vllm, guidellm, the plugin, slo-loadtest (k8s, plots)")
+import vllm
+print(f"imports checked: vllm {vllm.__version__}, guidellm, the plugin, slo-loadtest (k8s, plots)")
 '
