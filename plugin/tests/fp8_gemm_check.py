@@ -146,13 +146,12 @@ def main() -> None:
 
     if device_type == "cpu":  # inside the float8 layers
         import g4helpers as H
-        from test_bit_identity import COMPOSITIONS
 
         from gemma4_batched_encoder import Settings, fast_layers
         from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 
         tower = H.tower(torch.float32, seed=3)
-        pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+        pvs, pps = H.batch(H.INTERPRETED_MIX, torch.float32, seed=3)
         stock = Settings(mode="fast", cuda_graphs=False, fused="off")
         ref_out = BatchedVisionEncoder(tower, stock).encode(pvs, pps)
         for kernels in ("merged-triton-fp8-epilogues", "merged-triton-fp8-gemms"):

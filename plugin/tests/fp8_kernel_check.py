@@ -120,13 +120,12 @@ def main() -> None:
                 }
     if device_type == "cpu":  # inside the float8 layers (the GPU's: bench/gpu/h200.sh fast-probe)
         import g4helpers as H
-        from test_bit_identity import COMPOSITIONS
 
         from gemma4_batched_encoder import Settings, fast_layers
         from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 
         tower = H.tower(torch.float32, seed=3)
-        pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+        pvs, pps = H.batch(H.INTERPRETED_MIX, torch.float32, seed=3)
         stock = Settings(mode="fast", cuda_graphs=False, fused="off")
         ref = BatchedVisionEncoder(tower, stock).encode(pvs, pps)
         fp8 = Settings(mode="fast", cuda_graphs=False, fused="on", fast_kernels="merged-triton-fp8")

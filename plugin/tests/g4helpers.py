@@ -22,6 +22,12 @@ def image(budget: int, aspect: float = 4 / 3) -> S.Media:
     return S.Media("image", S.grid_for_budget(budget, K, aspect), budget)
 
 
+# What the encoder runs on inside Triton's interpreter, which steps through a kernel one program
+# (a row or a few) at a time in Python: a padded frame and a padded image of other shapes, not
+# the seven items of test_bit_identity's "images_and_videos" (minutes a kernel check in CI).
+INTERPRETED_MIX = [FRAME_480P, image(70, 2.0)]
+
+
 def tower(dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: object) -> nn.Module:
     return S.build_vision_tower({**VISION_PRESETS["tiny"], **overrides}, seed=seed, dtype=dtype)
 

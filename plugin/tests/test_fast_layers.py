@@ -213,7 +213,6 @@ def test_fp8_unavailable_keeps_the_compiled_stock_layers(monkeypatch, caplog):
 _KERNEL_CHECK = """
 import json, torch
 import g4helpers as H
-from test_bit_identity import COMPOSITIONS
 from gemma4_batched_encoder import Settings
 from gemma4_batched_encoder.encoder import BatchedVisionEncoder
 from gemma4_batched_encoder.qkv_kernel import (
@@ -244,7 +243,7 @@ for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     out["quarters_differ"] = out.get("quarters_differ", []) + [
         not all(torch.equal(a, g) for a, g in zip(quarters[0], got))]
 tower = H.tower(torch.float32, seed=3)
-pvs, pps = H.batch(COMPOSITIONS["images_and_videos"], torch.float32, seed=3)
+pvs, pps = H.batch(H.INTERPRETED_MIX, torch.float32, seed=3)
 stock = Settings(mode="fast", cuda_graphs=False, fused="off")
 ref = BatchedVisionEncoder(tower, stock).encode(pvs, pps)
 enc = BatchedVisionEncoder(
