@@ -32,10 +32,10 @@ def processors() -> tuple[Gemma4ImageProcessor, Gemma4ImageProcessor]:
     return stock, fast
 
 
-def assert_same(images: list, soft_tokens: int) -> None:
+def assert_same(images: list, soft_tokens: int, **options: object) -> None:
     stock, fast = processors()
-    want = stock(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
-    got = fast(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
+    want = stock(images=images, max_soft_tokens=soft_tokens, return_tensors="pt", **options)
+    got = fast(images=images, max_soft_tokens=soft_tokens, return_tensors="pt", **options)
     assert set(want.keys()) == set(got.keys())
     for key in want:
         assert want[key].dtype == got[key].dtype, key
@@ -140,7 +140,38 @@ def test_unsupported_options_fall_back_to_stock() -> None:
         got = fast(images=[image], max_soft_tokens=70, return_tensors="pt", **options)
         assert torch.equal(want["pixel_values"], got["pixel_values"])
     assert not fast_processor.supports([torch.zeros(3, 4, 4)], True, False)  # float input
+    assert not fast_processor.supports([torch.zeros(3, 4, 4, dtype=torch.uint8)], False, True)
     assert not fast_processor.supports([torch.zeros(3, 4, 4, dtype=torch.uint8)], True, True)
+
+
+@pytest.mark.parametrize("soft_tokens", [70, 280, 1120])
+def test_no_rescale_gives_stocks_uint8_patches(
+    soft_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34+ asks the processor for no rescale by default (`mm_device_do_normalize`: the
+    model rescales on the device): stock then emits uint8 patches, and so does the fast path."""
+    runs: list[int] = []
+    real = fast_processor.preprocess_uint8
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_processor, "preprocess_uint8", counted)
+    rng = np.random.default_rng(soft_tokens + 5)
+    video = textured(rng, 480, 854)
+    images = [np.roll(video, 9 * i, axis=0) for i in range(6)] + [textured(rng, 77, 500)]
+    assert_same(images, soft_tokens, do_rescale=False)
+    assert runs, "the fast path fell back to stock"
+    _, fast = processors()
+    out = fast(images=images, max_soft_tokens=soft_tokens, return_tensors="pt", do_rescale=False)
+    assert out["pixel_values"].dtype == torch.uint8
+    # with the uint8 hand-off switched on as well, the values stay the raw bytes (no rescale)
+    fast_fn = fast_processor.make_fast_preprocess(STOCK, lambda: True, lambda: True)
+    both = Gemma4ImageProcessor()
+    both._preprocess = types.MethodType(fast_fn, both)  # type: ignore[method-assign]
+    again = both(images=images, max_soft_tokens=soft_tokens, return_tensors="pt", do_rescale=False)
+    assert torch.equal(again["pixel_values"], out["pixel_values"])
 
 
 def test_self_check_passes_here() -> None:

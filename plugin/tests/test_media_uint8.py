@@ -245,3 +245,74 @@ def test_mixed_batch_is_rescaled_not_promoted(
         assert_same_batch(want, got)
         (pure,) = batches([(modality, on[modality][0])] * 2)  # uint8 only: left for the device
         assert pure[key[modality]].dtype == torch.uint8
+
+
+# -- vLLM 0.34+: the model rescales on the device itself (`mm_device_do_normalize`) ------------
+
+
+@pytest.fixture(scope="module")
+def no_rescale_processor(tiny_model):
+    """vLLM's processor asked for no rescale: what vLLM 0.34+ asks by default, where
+    `mm_device_do_normalize` (on for Gemma 4) forces do_rescale and do_normalize off
+    (`MultiModalConfig.merge_mm_processor_kwargs`) and the model rescales on the device."""
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    config = ModelConfig(
+        model=str(tiny_model),
+        limit_mm_per_prompt={"audio": 0},
+        mm_processor_cache_gb=0,
+        mm_processor_kwargs={"do_rescale": False, "do_normalize": False},
+    )
+    return MULTIMODAL_REGISTRY.create_processor(config)
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else list(value)  # type: ignore[arg-type]
+
+
+def test_device_normalize_gets_the_uint8_patches_untouched(
+    no_rescale_processor,
+    vllm_processor,  # noqa: F811
+    mm_data,
+) -> None:
+    """Found reading vLLM 0.34.0: its processor emits uint8 for every request and the model
+    rescales them (`_embed_patches` -> `vision_input_norm`); the plugin's model class rescaled
+    every uint8 input it saw, so each image and video was rescaled twice. Where vLLM normalizes
+    on the device the plugin leaves them alone, and 0.34's arithmetic on them (fp32
+    `x * (1/255 / std) + (-mean / std)`, `FusedMMInputNorm.forward_native`, then the model
+    dtype) gives the float path's tensors bit for bit."""
+    off = processed(vllm_processor, mm_data, uint8=False)  # stock values, the model dtype
+    raw = processed(no_rescale_processor, mm_data, uint8=False)
+    dtype = off["image"][0]["pixel_values"].data.dtype
+    _, plugin = models(dtype)
+    plugin._g4_pixel_dtype = dtype
+    weight = torch.tensor([1 / 255] * 3, dtype=torch.float32) / torch.ones(3)
+    bias = -torch.zeros(3) / torch.ones(3)
+    for modality, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+        assert all(item[key].data.dtype == torch.uint8 for item in raw[modality])
+        (want,) = batches([(modality, item) for item in off[modality]])
+        (got,) = batches([(modality, item) for item in raw[modality]])
+        plugin._g4_device_norm = True
+        kwargs = dict(got)
+        plugin._g4_restore_pixels(kwargs)
+        assert_same_batch(got, kwargs)  # left as they are: uint8, the model's own input
+        for a, b in zip(_tensors(kwargs[key]), _tensors(want[key]), strict=True):
+            x3 = a.reshape(-1, 3, a.shape[-1] // 3)  # 0.34's (patches, C, L) view
+            normed = (x3 * weight.view(1, 3, 1) + bias.view(1, 3, 1)).reshape(a.shape).to(dtype)
+            assert torch.equal(normed, b), modality
+        plugin._g4_device_norm = False  # vLLM without device normalize: the hand-off's bytes
+        kwargs = dict(got)
+        plugin._g4_restore_pixels(kwargs)
+        assert_same_batch(want, kwargs)
+
+
+def test_device_normalize_is_read_from_vllms_config(no_rescale_processor) -> None:
+    from types import SimpleNamespace as NS
+
+    # vLLM 0.32 (installed here) has no such setting
+    assert not pixels.device_normalizes(NS(model_config=no_rescale_processor.info.ctx.model_config))
+    for on in (True, False):
+        config = NS(model_config=NS(multimodal_config=NS(mm_device_do_normalize=on)))
+        assert pixels.device_normalizes(config) is on
+    assert not pixels.device_normalizes(NS(model_config=NS(multimodal_config=None)))

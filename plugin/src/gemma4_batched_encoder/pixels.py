@@ -63,6 +63,17 @@ def restore(kwargs: MutableMapping[str, Any], dtype: torch.dtype) -> bool:
     return found
 
 
+def device_normalizes(vllm_config: Any) -> bool:
+    """Whether this vLLM's model rescales the pixel values itself (vLLM 0.34+'s
+    `mm_device_do_normalize`, on by default for Gemma 4): its processor then emits the uint8
+    patches for every request and the model's `vision_input_norm` rescales them on the device,
+    so uint8 values in the engine are not the hand-off's and must reach the model as they are
+    (restoring them here would rescale every image twice)."""
+    model_config = getattr(vllm_config, "model_config", None)
+    mm_config = getattr(model_config, "multimodal_config", None)
+    return bool(getattr(mm_config, "mm_device_do_normalize", False))
+
+
 def handoff_blocker() -> str | None:
     """Why this install cannot take the uint8 hand-off (None: it can). Checked by the API
     server, which shares the engine's vLLM and environment.

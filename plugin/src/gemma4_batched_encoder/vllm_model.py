@@ -90,7 +90,15 @@ class Gemma4ForConditionalGeneration(_Upstream):
         # What vLLM's processor casts floating pixel values to (`_postprocess_output`).
         self._g4_pixel_dtype: torch.dtype = vllm_config.model_config.dtype
         self._g4_uint8_seen = False
-        if uint8_requested():
+        # vLLM 0.34+ rescales on the device itself: its uint8 pixel values are left to it
+        self._g4_device_norm = pixels.device_normalizes(vllm_config)
+        if self._g4_device_norm:
+            logger.info(
+                "gemma4_batched_encoder: this vLLM rescales pixel values on the device "
+                "(mm_device_do_normalize); the plugin leaves its uint8 pixel values to it%s",
+                " (GEMMA4_MEDIA_UINT8 has nothing to add)" if uint8_requested() else "",
+            )
+        elif uint8_requested():
             pixels.install_batch_guard()
         self._g4_video_tokens: list[int] | None = None
         self._g4: EncoderRuntime | None = None
@@ -125,7 +133,10 @@ class Gemma4ForConditionalGeneration(_Upstream):
 
     # -- call level: metrics and host-side hints ------------------------------------------------
     def _g4_restore_pixels(self, kwargs: dict[str, Any]) -> None:
-        """uint8 patches (the hand-off) -> stock's pixel values, in place, on their device."""
+        """uint8 patches (the hand-off) -> stock's pixel values, in place, on their device;
+        where vLLM rescales on the device itself, uint8 is its own input: left as it is."""
+        if getattr(self, "_g4_device_norm", False):
+            return
         dtype = getattr(self, "_g4_pixel_dtype", None) or self.model_dtype
         if pixels.restore(kwargs, dtype) and not getattr(self, "_g4_uint8_seen", False):
             self._g4_uint8_seen = True

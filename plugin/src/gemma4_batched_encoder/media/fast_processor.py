@@ -248,8 +248,12 @@ def preprocess_uint8(
 
 
 def supports(images: Sequence[Any], do_rescale: bool, do_normalize: bool) -> bool:
-    """Whether the fast path reproduces stock exactly for these inputs and options."""
-    if not images or not do_rescale or do_normalize:
+    """Whether the fast path reproduces stock exactly for these inputs and options.
+
+    `do_rescale=False` (and no normalize) is what vLLM 0.34+ asks for by default
+    (`mm_device_do_normalize`: the model rescales on the device); stock then emits the zero-padded
+    uint8 patches, which the fast path makes too."""
+    if not images or do_normalize:
         return False
     for image in images:
         if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8:
@@ -335,7 +339,8 @@ def make_fast_preprocess(
             patch_size=patch_size,
             max_soft_tokens=max_soft_tokens,
             pooling_kernel_size=pooling_kernel_size,
-            rescale=not handoff(uint8, rescale_factor),
+            # no rescale asked (vLLM 0.34+'s device normalize): stock's own uint8 patches
+            rescale=do_rescale and not handoff(uint8, rescale_factor),
             threads=_frame_threads,
         )
         data = {
@@ -365,10 +370,12 @@ def self_check(
 
     rng = np.random.default_rng(0)
     exact = rng.permutation(np.resize(np.arange(256, dtype=np.uint8), 336 * 432 * 3))
-    cases = [
-        ([exact.reshape(336, 432, 3)], 70),
-        ([rng.integers(0, 256, (90, 120, 3), dtype=np.uint8) for _ in range(2)], 70),
-        ([rng.integers(0, 256, (37, 200, 3), dtype=np.uint8)], 280),
+    cases: list[tuple[list[np.ndarray], int, dict[str, bool]]] = [
+        ([exact.reshape(336, 432, 3)], 70, {}),
+        ([rng.integers(0, 256, (90, 120, 3), dtype=np.uint8) for _ in range(2)], 70, {}),
+        ([rng.integers(0, 256, (37, 200, 3), dtype=np.uint8)], 280, {}),
+        # what vLLM 0.34+ asks for by default (the model rescales on the device)
+        ([rng.integers(0, 256, (37, 200, 3), dtype=np.uint8)], 140, {"do_rescale": False}),
     ]
     if fast is None:
         fast = make_fast_preprocess(stock, lambda: True)
@@ -376,11 +383,12 @@ def self_check(
     # patched the class, that is the fast path (the full test suite compared fast with fast).
     processor = Gemma4ImageProcessor()
     processor._preprocess = types.MethodType(stock, processor)  # type: ignore[method-assign]
-    for images, soft_tokens in cases:
-        want = processor(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
+    for images, soft_tokens, options in cases:
+        kwargs = {"max_soft_tokens": soft_tokens, "return_tensors": "pt", **options}
+        want = processor(images=images, **kwargs)
         patched = Gemma4ImageProcessor()
         patched._preprocess = types.MethodType(fast, patched)  # type: ignore[method-assign]
-        got = patched(images=images, max_soft_tokens=soft_tokens, return_tensors="pt")
+        got = patched(images=images, **kwargs)
         if set(want.keys()) != set(got.keys()):
             return False
         for key in want:
