@@ -30,6 +30,16 @@ $(VENV)/.installed: requirements/cpu.lock plugin/pyproject.toml loadtest/pyproje
 .PHONY: venv
 venv: $(VENV)/.installed ## the development environment (.venv) from requirements/cpu.lock
 
+VLLM034 := .cache/vllm-0.34.0
+$(VLLM034)/.installed: requirements/vllm034-overlay.txt | $(VENV)/.installed
+	scripts/check-disk.sh 3
+	rm -rf $(VLLM034)
+	$(PIP) install -q --no-cache-dir --no-deps --target $(VLLM034) -r requirements/vllm034-overlay.txt
+	touch $@
+
+.PHONY: vllm034
+vllm034: $(VLLM034)/.installed ## vLLM 0.34.0's code beside .venv (~2 GB), for the plugin's tests on it
+
 .PHONY: tools
 tools: ## helm, kubectl, promtool/prometheus, CRD schemas (scripts/install-tools.sh)
 	scripts/install-tools.sh
@@ -48,7 +58,7 @@ demo: venv tools ## the whole stack locally: vLLM + plugin + Prometheus + a shor
 	$(PY) local/demo.py
 
 .PHONY: test
-test: venv tools lint ## ruff, unit tests and end-to-end tests against the real local stack
+test: venv tools vllm034 lint ## ruff, unit tests and end-to-end tests against the real local stack
 	$(PY) -m pytest
 
 .PHONY: lint

@@ -56,6 +56,11 @@ def host_model(cls: type, vt: nn.Module, dtype: torch.dtype, text_hidden: int = 
     obj.config = SimpleNamespace(vision_config=vt.config)
     obj.model_dtype = dtype
     obj._enable_mm_lora = False
+    if hasattr(cls, "_embed_patches"):  # vLLM 0.34+: its input norm (off: a cast) and no DP
+        from vllm.model_executor.layers.fusion.mm_input_norm import IdentityInputNorm
+
+        obj.vision_input_norm = IdentityInputNorm()
+        obj.use_data_parallel = False
     return obj
 
 

@@ -18,6 +18,7 @@ from gemma4_batched_encoder.versions import (
     gate,
     parse_version,
     version_supported,
+    vllm_version,
 )
 
 
@@ -39,6 +40,35 @@ class SerialUpstream(nn.Module):
         return []
 
 
+class LocalUpstream(nn.Module):
+    """Shaped like vLLM 0.34's: per-rank bodies, patches embedded with the input norm."""
+
+    def _embed_patches(self, pixel_values, pixel_position_ids, padding_positions):
+        pixel_values = self.vision_input_norm(pixel_values.reshape(-1, 3), self.model_dtype)
+        embedder = self.vision_tower.patch_embedder
+        return embedder.input_proj(2 * (pixel_values - 0.5))
+
+    def _process_image_input(self, image_input):
+        return self._process_image_input_local(image_input)
+
+    def _process_image_input_local(self, image_input):
+        vt = self.vision_tower
+        embeds = self._embed_patches(None, None, None)
+        pooled, _ = vt.pooler(hidden_states=vt.encoder(inputs_embeds=embeds))
+        return [self.embed_vision(inputs_embeds=pooled)]
+
+    _process_video_input = _process_image_input
+    _process_video_input_local = _process_image_input_local
+
+    def embed_multimodal(self, **kwargs):
+        return []
+
+
+class LocalUpstreamChanged(LocalUpstream):
+    def _embed_patches(self, pixel_values, pixel_position_ids, padding_positions):
+        return self.vision_tower.patch_embedder.input_proj(pixel_values)  # no input norm
+
+
 class UnknownUpstream(nn.Module):
     def _process_image_input(self, image_input):
         return self.new_encoder(image_input)
@@ -53,8 +83,12 @@ class UnknownUpstream(nn.Module):
 def test_detect_layouts():
     from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration
 
-    assert detect_layout(Gemma4ForConditionalGeneration) is Layout.BATCHED
+    # `make test`: vLLM 0.32 (batched); test_vllm034.py runs this file on 0.34's code too
+    installed = Layout.LOCAL if parse_version(vllm_version()) >= (0, 34) else Layout.BATCHED
+    assert detect_layout(Gemma4ForConditionalGeneration) is installed
     assert detect_layout(SerialUpstream) is Layout.SERIAL
+    assert detect_layout(LocalUpstream) is Layout.LOCAL
+    assert detect_layout(LocalUpstreamChanged) is None
     assert detect_layout(UnknownUpstream) is None
     assert detect_layout(nn.Module) is None
 
@@ -77,8 +111,8 @@ def test_recognised_code_in_range_is_silent(caplog):
 def test_version_parsing():
     assert parse_version("0.32.0+cpu") == (0, 32)
     assert parse_version("0.20.0rc1") == (0, 20)
-    assert version_supported("0.20.0") and version_supported("0.33.2")
-    assert not version_supported("0.19.1") and not version_supported("0.34.0")
+    assert version_supported("0.20.0") and version_supported("0.34.0")
+    assert not version_supported("0.19.1") and not version_supported("0.35.0")
 
 
 def test_register_is_idempotent(monkeypatch):

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from .log import logger
 
-SUPPORTED_RANGE = ((0, 20), (0, 34))  # [min, max) minor versions seen and tested against
+SUPPORTED_RANGE = ((0, 20), (0, 35))  # [min, max) minor versions seen and tested against
 
 
 class Layout(StrEnum):
@@ -21,6 +21,10 @@ class Layout(StrEnum):
     # 0.23-0.33: encoder batched in memory-bounded chunks, pooler per item,
     # one embed_vision per modality.
     BATCHED = "batched"
+    # 0.34+: the batched bodies in per-rank `_process_*_input_local` methods (a data-parallel
+    # encoder dispatches to them), patches embedded by `_embed_patches`, whose input norm
+    # rescales uint8 pixel values on the device.
+    LOCAL = "local"
 
 
 _REQUIRED = ("_process_image_input", "_process_video_input", "embed_multimodal")
@@ -35,6 +39,18 @@ def _source(cls: type, name: str) -> str:
 
 def detect_layout(cls: type) -> Layout | None:
     if not all(callable(getattr(cls, n, None)) for n in _REQUIRED):
+        return None
+    if callable(getattr(cls, "_process_video_input_local", None)):
+        video = _source(cls, "_process_video_input_local")
+        image = _source(cls, "_process_image_input_local")
+        embed = _source(cls, "_embed_patches")
+        if (
+            all("vt.pooler(" in s and "embed_vision(" in s for s in (video, image))
+            and all("self._embed_patches(" in s for s in (video, image))
+            and "self.vision_input_norm(" in embed
+            and "patch_embedder" in embed
+        ):
+            return Layout.LOCAL
         return None
     video = _source(cls, "_process_video_input")
     image = _source(cls, "_process_image_input")
@@ -93,7 +109,7 @@ def gate(cls: type, version: str) -> Layout | None:
         )
     elif not version_supported(version):
         logger.warning(
-            "gemma4_batched_encoder: vLLM %s is outside the tested range 0.20-0.33; its encoder "
+            "gemma4_batched_encoder: vLLM %s is outside the tested range 0.20-0.34; its encoder "
             "code matches the %s layout, so the plugin is active. Run `verify` on this build.",
             version,
             layout.value,

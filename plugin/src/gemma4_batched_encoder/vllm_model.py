@@ -1,8 +1,9 @@
 """vLLM adapter: ``Gemma4ForConditionalGeneration`` with the batched vision encoder.
 
-Adapted from vllm/model_executor/models/gemma4_mm.py (vLLM 0.20-0.33). Only the image/video
-encoding methods (and the encoder CUDA-graph forward where upstream has one) are overridden; the
-maths lives in ``encode_frames``. Pixel values that arrive as uint8 patches
+Adapted from vllm/model_executor/models/gemma4_mm.py (vLLM 0.20-0.34). Only the image/video
+encoding methods (on 0.34+ their per-rank ``_local`` bodies, so upstream's data-parallel dispatch
+stays) and the encoder CUDA-graph forward where upstream has one are overridden; the maths lives
+in ``encode_frames``. Pixel values that arrive as uint8 patches
 (``GEMMA4_MEDIA_UINT8=on``) become stock's values on the device before anything reads them
 (``pixels``). The class keeps upstream's name (speculative decoding keys on
 ``__class__.__name__``) and inherits its processor, dummy inputs and weights loading.
@@ -84,6 +85,22 @@ def _engine_patches(settings: Settings, vllm_config: Any) -> None:
             logger.warning("gemma4_batched_encoder: %s not applied", name, exc_info=True)
 
 
+def _inactive_reason(model: Any, settings: Settings) -> str | None:
+    """Why the override stays out of this model (None: it applies)."""
+    if settings.disabled:
+        return "GEMMA4_ENCODER_DISABLE"
+    if getattr(model, "_enable_mm_lora", False):
+        return "MM LoRA on the tower"
+    if LAYOUT is Layout.LOCAL:
+        # 0.34's `_embed_patches` feeds input_proj the model dtype; the tower's patch embedder
+        # (which the batched encoder calls) casts to input_proj's weight dtype instead: the same
+        # unless the tower is quantized
+        weight = getattr(model.vision_tower.patch_embedder.input_proj, "weight", None)
+        if weight is None or weight.dtype != model.model_dtype:
+            return "quantized vision tower"
+    return None
+
+
 class Gemma4ForConditionalGeneration(_Upstream):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -107,7 +124,8 @@ class Gemma4ForConditionalGeneration(_Upstream):
             # Only the engine core (one GPU) or the workers build the model; API servers don't.
             set_engine_torch_threads(settings.engine_torch_threads, current_platform.is_cpu())
             _engine_patches(settings, vllm_config)
-            active = LAYOUT is not None and not getattr(self, "_enable_mm_lora", False)
+            self._g4_inactive = _inactive_reason(self, settings)
+            active = LAYOUT is not None and self._g4_inactive is None
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
         except Exception:
             # Never keep vLLM from starting: without a runtime every method is the stock one.
@@ -128,7 +146,7 @@ class Gemma4ForConditionalGeneration(_Upstream):
         elif LAYOUT is not None:  # (unrecognised code was already reported once, at import)
             logger.warning(
                 "gemma4_batched_encoder: plugin inactive (%s); stock vision encoder in use",
-                "GEMMA4_ENCODER_DISABLE" if settings.disabled else "MM LoRA on the tower",
+                self._g4_inactive,
             )
 
     # -- call level: metrics and host-side hints ------------------------------------------------
@@ -168,19 +186,46 @@ class Gemma4ForConditionalGeneration(_Upstream):
 
     # -- per modality -------------------------------------------------------------------------
     def _process_image_input(self, image_input: Any) -> list[torch.Tensor]:
-        if self._g4 is None:
+        if self._g4 is None or LAYOUT is Layout.LOCAL:
             return super()._process_image_input(image_input)
         return self._g4.run(self._g4_images, super()._process_image_input, image_input)
 
     def _process_video_input(self, video_input: Any) -> list[torch.Tensor]:
-        if self._g4 is None:
+        if self._g4 is None or LAYOUT is Layout.LOCAL:
             return super()._process_video_input(video_input)
         return self._g4.run(self._g4_videos, super()._process_video_input, video_input)
+
+    if hasattr(_Upstream, "_process_image_input_local"):  # 0.34+: each rank's share of items
+
+        def _process_image_input_local(self, image_input: Any) -> list[torch.Tensor]:
+            stock = super()._process_image_input_local
+            if self._g4 is None or LAYOUT is not Layout.LOCAL:
+                return stock(image_input)
+            return self._g4.run(self._g4_images, stock, image_input)
+
+        def _process_video_input_local(self, video_input: Any) -> list[torch.Tensor]:
+            stock = super()._process_video_input_local
+            if self._g4 is None or LAYOUT is not Layout.LOCAL:
+                return stock(video_input)
+            return self._g4.run(self._g4_videos, stock, video_input)
+
+    def _g4_pixels(self, pixel_values: Any) -> Any:
+        """What the tower's patch embedder sees of stock's pixel values. 0.34+ embeds with
+        `_embed_patches`: its input norm (uint8 -> rescaled, in the model dtype), then the patch
+        embedder's own arithmetic; the norm is elementwise, so normalizing a whole batch at once
+        gives stock's values wherever stock's chunks cut it."""
+        if LAYOUT is not Layout.LOCAL:
+            return pixel_values
+        if isinstance(pixel_values, (list, tuple)):
+            return [self._g4_pixels(p) for p in pixel_values]
+        channels = getattr(self.vision_tower.config, "num_channels", 3)
+        flat = pixel_values.reshape(-1, channels)
+        return self.vision_input_norm(flat, self.model_dtype).view(pixel_values.shape)
 
     def _g4_images(self, image_input: Any) -> list[torch.Tensor]:
         with _sync_allowed():  # without host-side counts, valid patches are read in one transfer
             pooled = self._g4.encoder.encode(
-                image_input["pixel_values"], image_input["pixel_position_ids"]
+                self._g4_pixels(image_input["pixel_values"]), image_input["pixel_position_ids"]
             )
         return self._g4_project(pooled, [1] * len(pooled))
 
@@ -195,7 +240,9 @@ class Gemma4ForConditionalGeneration(_Upstream):
             hint = None
         with _sync_allowed():
             pooled = self._g4.encoder.encode(
-                pixel_values, video_input["pixel_position_ids_videos"], valid_tokens=hint
+                self._g4_pixels(pixel_values),
+                video_input["pixel_position_ids_videos"],
+                valid_tokens=hint,
             )
         return self._g4_project(pooled, fc)
 
@@ -255,7 +302,10 @@ class Gemma4ForConditionalGeneration(_Upstream):
             position_ids = inputs["pixel_position_ids"]
             pad = (position_ids == -1).all(dim=-1)
             vt = self.vision_tower
-            embeds = vt.patch_embedder(pixel_values, position_ids, pad).to(self.model_dtype)
+            if LAYOUT is Layout.LOCAL:  # upstream's own embedding (uint8 buffers on 0.34+)
+                embeds = self._embed_patches(pixel_values, position_ids, pad)
+            else:
+                embeds = vt.patch_embedder(pixel_values, position_ids, pad).to(self.model_dtype)
             hidden = vt.encoder(
                 inputs_embeds=embeds, attention_mask=~pad, pixel_position_ids=position_ids
             ).last_hidden_state
@@ -271,5 +321,9 @@ class Gemma4ForConditionalGeneration(_Upstream):
             if getattr(vt.config, "standardize", False):
                 pooled = (pooled - vt.std_bias) * vt.std_scale
             gathered = pooled.reshape(-1, pooled.shape[-1])[inputs["gather_indices"]]
-            gathered = gathered.to(self.embed_vision.embedding_projection.weight.dtype)
+            gathered = gathered.to(
+                self.model_dtype
+                if LAYOUT is Layout.LOCAL
+                else self.embed_vision.embedding_projection.weight.dtype
+            )
             return self.embed_vision(inputs_embeds=gathered.unsqueeze(0)).squeeze(0)
