@@ -368,3 +368,59 @@ def test_setting_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GEMMA4_ENGINE_GRAPH_RANGES", "wide")
     with pytest.raises(ValueError, match="GEMMA4_ENGINE_GRAPH_RANGES"):
         Settings.from_env()
+
+
+def _vllm_config(mode: str) -> Any:
+    """vLLM's own VllmConfig: its `use_v2_model_runner` decides which runner the GPU worker
+    builds (0.32-0.33: V2 by default wherever Triton runs; VLLM_USE_V2_MODEL_RUNNER overrides)."""
+    from vllm.config import CompilationConfig, VllmConfig
+
+    config = VllmConfig()
+    # (set after construction: on this CPU platform vLLM's own checks turn CUDA graphs off)
+    config.compilation_config = CompilationConfig(cudagraph_mode=mode)
+    assert G.full_mixed_graphs(config) == (mode == "FULL")
+    return config
+
+
+def test_model_runner_v2_gets_no_patch_and_full_graphs_an_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On V2 the patched dispatch (V1's) is never called, so the buffer would never be filled:
+    nothing is installed and, under FULL graphs, the log says how to get V1 back."""
+    import vllm.v1.attention.backends.triton_attn as triton_attn
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    stock = triton_attn.compute_mm_prefix_range_tensor
+    dispatch = GPUModelRunner._determine_batch_execution_and_padding
+    monkeypatch.setattr(triton_attn, "compute_mm_prefix_range_tensor", stock)
+    monkeypatch.setattr(GPUModelRunner, "_determine_batch_execution_and_padding", dispatch)
+    config = _vllm_config("FULL")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert G.runs_model_runner_v2(config) is True
+    with caplog.at_level(logging.WARNING):
+        assert G.apply(None, config) is False
+    assert triton_attn.compute_mm_prefix_range_tensor is stock
+    assert GPUModelRunner._determine_batch_execution_and_padding is dispatch
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "VLLM_USE_V2_MODEL_RUNNER=0" in errors[0]
+    assert "lose their bidirectional attention" in errors[0]
+    # V1 chosen: the same config installs the buffer, without an error
+    caplog.clear()
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert G.runs_model_runner_v2(config) is False
+    with caplog.at_level(logging.WARNING):
+        assert G.apply(None, config) is True
+    assert getattr(triton_attn.compute_mm_prefix_range_tensor, G._PATCHED)
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]
+
+
+def test_runner_v2_is_read_from_the_config_only_where_it_has_the_property() -> None:
+    class Raises:
+        @property
+        def use_v2_model_runner(self) -> bool:
+            raise RuntimeError("changed upstream")
+
+    assert G.runs_model_runner_v2(None) is False
+    assert G.runs_model_runner_v2(_config("FULL")) is False  # vLLM 0.20: V1 only
+    assert G.runs_model_runner_v2(SimpleNamespace(use_v2_model_runner=True)) is False
+    assert G.runs_model_runner_v2(Raises()) is True  # unknown: not shown to run V1

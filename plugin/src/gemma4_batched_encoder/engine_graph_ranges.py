@@ -29,6 +29,13 @@ serves all steps (which also removes the per-range-count recompiles). On the H20
 twelfth sitting) FULL graphs with the buffer served 40 / 55 video req/s at p95 185 / 294 ms:
 the branch's cost did not show. Default ``auto``: on exactly when ``cudagraph_mode`` is FULL
 (``resolve_width``). A vLLM without these hooks is left as it is, with a warning.
+
+Model runner: the hooks are V1's (``vllm.v1.worker.gpu_model_runner``). vLLM 0.32 and 0.33 run
+every model on Model Runner V2 by default on GPUs with Triton (``VllmConfig.use_v2_model_runner``;
+0.26 only its default architectures, not Gemma 4; 0.34 has no V1 left). V2 builds the same range
+tensor, and its FULL graphs drop the ranges the same way, but never calls V1's dispatch, so the
+patch would be installed and never consulted: on V2 nothing is installed and, with FULL graphs,
+the log says so as an error (``VLLM_USE_V2_MODEL_RUNNER=0`` brings V1 back on 0.32-0.33).
 """
 
 from __future__ import annotations
@@ -303,9 +310,31 @@ def resolve_width(setting: int | None, vllm_config: Any) -> int:
     return setting
 
 
-def install(width: int) -> bool:
-    """Patch vLLM's model runner dispatch and its range tensor; ``width`` 0 does nothing."""
+def runs_model_runner_v2(vllm_config: Any) -> bool:
+    """Whether this engine's GPU worker builds Model Runner V2 (vLLM decides it from the config
+    and ``VLLM_USE_V2_MODEL_RUNNER``; a vLLM without the property has only V1). A config whose
+    property raises counts as V2: the patch cannot be shown to run there."""
+    if vllm_config is None or not hasattr(type(vllm_config), "use_v2_model_runner"):
+        return False
+    try:
+        return bool(vllm_config.use_v2_model_runner)
+    except Exception:
+        logger.debug("gemma4_batched_encoder: use_v2_model_runner raised", exc_info=True)
+        return True
+
+
+def install(width: int, vllm_config: Any = None) -> bool:
+    """Patch vLLM's model runner dispatch and its range tensor; ``width`` 0 does nothing, and
+    neither does an engine on Model Runner V2 (the patched dispatch is V1's)."""
     if width <= 0:
+        return False
+    if runs_model_runner_v2(vllm_config):
+        logger.warning(
+            "gemma4_batched_encoder: %s=%d has no effect on vLLM's Model Runner V2 (the buffer "
+            "hooks V1's dispatch); VLLM_USE_V2_MODEL_RUNNER=0 runs V1 on vLLM 0.32-0.33",
+            ENV,
+            width,
+        )
         return False
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -347,7 +376,7 @@ def apply(setting: int | None, vllm_config: Any) -> bool:
     what that costs: vLLM then replays graphs captured without Gemma 4's image ranges."""
     width = resolve_width(setting, vllm_config)
     try:
-        installed = install(width)
+        installed = install(width, vllm_config)
     except Exception:
         logger.warning("gemma4_batched_encoder: %s not applied", ENV, exc_info=True)
         installed = False
@@ -356,6 +385,9 @@ def apply(setting: int | None, vllm_config: Any) -> bool:
             "gemma4_batched_encoder: cudagraph_mode FULL, but the graph-safe image-range buffer "
             "could not be installed on this vLLM: FULL graphs replay without Gemma 4's image "
             "ranges, so image and video tokens lose their bidirectional attention in graphed "
-            "steps (outputs differ); use cudagraph_mode FULL_AND_PIECEWISE (vLLM's default)"
+            "steps (outputs differ); use cudagraph_mode FULL_AND_PIECEWISE (vLLM's default)%s",
+            " or VLLM_USE_V2_MODEL_RUNNER=0 (this engine runs Model Runner V2; the buffer needs V1)"
+            if runs_model_runner_v2(vllm_config)
+            else "",
         )
     return installed
