@@ -160,6 +160,42 @@ def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
     assert env["GEMMA4_ENGINE_GRAPH_RANGES"]["value"] == "8"
 
 
+def test_full_graphs_run_vllms_v1_model_runner():
+    """The plugin's graph-safe image ranges hook V1's dispatch; vLLM 0.32-0.33 (the image's
+    0.33.0) run Model Runner V2 by default, whose FULL graphs drop the ranges."""
+    from chartlib import helm
+
+    names = [e["name"] for e in deployment_container(render("full-cuda-graphs"))["env"]]
+    assert names.count("VLLM_USE_V2_MODEL_RUNNER") == 1
+    assert env_of(deployment_container(render("full-cuda-graphs")))["VLLM_USE_V2_MODEL_RUNNER"] == {
+        "name": "VLLM_USE_V2_MODEL_RUNNER",
+        "value": "0",
+    }
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in env_of(deployment_container(render("default")))
+    lower = ("server.compilationConfig.cudagraph_mode=full",)  # vLLM takes either case
+    assert "VLLM_USE_V2_MODEL_RUNNER" in env_of(
+        deployment_container(render("full-cuda-graphs", sets=lower))
+    )
+    # the user's own 0 in extraEnv: one entry, theirs
+    own = 'server:\n  extraEnv:\n    - {name: VLLM_USE_V2_MODEL_RUNNER, value: "0"}\n'
+    names = [e["name"] for e in deployment_container(render("full-cuda-graphs", values=own))["env"]]
+    assert names.count("VLLM_USE_V2_MODEL_RUNNER") == 1
+    proc = helm(
+        "template",
+        "x",
+        str(profile_file("full-cuda-graphs").parents[1]),
+        "-f",
+        str(profile_file("full-cuda-graphs")),
+        "--set",
+        "server.extraEnv[0].name=VLLM_USE_V2_MODEL_RUNNER",
+        "--set-string",
+        "server.extraEnv[0].value=1",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "V2's FULL graphs drop Gemma 4's image ranges" in proc.stderr
+
+
 def test_flag_override_is_appended_verbatim():
     values = (
         "server:\n  extraArgs: [--limit-mm-per-prompt, '{\"image\": 4}', --enable-prefix-caching]\n"
