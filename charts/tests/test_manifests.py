@@ -133,21 +133,22 @@ def test_compilation_config_and_batched_tokens_render_before_extra_args():
     assert "--compilation-config" not in default and "--max-num-batched-tokens" not in default
 
 
-@pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
-def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
+def full_profile_refused(*args: str):
+    """`helm template` of the full-cuda-graphs profile with ARGS, expected to fail: the process
+    (render() would raise before the caller reads stderr)."""
     from chartlib import helm
 
-    proc = helm(
-        "template",
-        "x",
-        str(profile_file("full-cuda-graphs").parents[1]),
-        "-f",
-        str(profile_file("full-cuda-graphs")),
+    profile = profile_file("full-cuda-graphs")
+    return helm("template", "x", str(profile.parents[1]), "-f", str(profile), *args, check=False)
+
+
+@pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
+def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
+    proc = full_profile_refused(
         "--set",
         f"server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES={value}",
         "--set",
         f"server.compilationConfig.cudagraph_mode={mode}",  # vLLM also takes "full"
-        check=False,
     )
     assert proc.returncode != 0
     assert "drop Gemma 4's image ranges" in proc.stderr
@@ -163,14 +164,10 @@ def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
 def test_full_graphs_run_vllms_v1_model_runner():
     """The plugin's graph-safe image ranges hook V1's dispatch; vLLM 0.32-0.33 (the image's
     0.33.0) run Model Runner V2 by default, whose FULL graphs drop the ranges."""
-    from chartlib import helm
-
-    names = [e["name"] for e in deployment_container(render("full-cuda-graphs"))["env"]]
-    assert names.count("VLLM_USE_V2_MODEL_RUNNER") == 1
-    assert env_of(deployment_container(render("full-cuda-graphs")))["VLLM_USE_V2_MODEL_RUNNER"] == {
-        "name": "VLLM_USE_V2_MODEL_RUNNER",
-        "value": "0",
-    }
+    container = deployment_container(render("full-cuda-graphs"))
+    assert [e for e in container["env"] if e["name"] == "VLLM_USE_V2_MODEL_RUNNER"] == [
+        {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"}
+    ]
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env_of(deployment_container(render("default")))
     lower = ("server.compilationConfig.cudagraph_mode=full",)  # vLLM takes either case
     assert "VLLM_USE_V2_MODEL_RUNNER" in env_of(
@@ -180,17 +177,11 @@ def test_full_graphs_run_vllms_v1_model_runner():
     own = 'server:\n  extraEnv:\n    - {name: VLLM_USE_V2_MODEL_RUNNER, value: "0"}\n'
     names = [e["name"] for e in deployment_container(render("full-cuda-graphs", values=own))["env"]]
     assert names.count("VLLM_USE_V2_MODEL_RUNNER") == 1
-    proc = helm(
-        "template",
-        "x",
-        str(profile_file("full-cuda-graphs").parents[1]),
-        "-f",
-        str(profile_file("full-cuda-graphs")),
+    proc = full_profile_refused(
         "--set",
         "server.extraEnv[0].name=VLLM_USE_V2_MODEL_RUNNER",
         "--set-string",
         "server.extraEnv[0].value=1",
-        check=False,
     )
     assert proc.returncode != 0
     assert "V2's FULL graphs drop Gemma 4's image ranges" in proc.stderr
