@@ -307,6 +307,10 @@ def test_full_graphs_without_the_buffer_are_an_error_in_the_log(
         assert G.apply(None, _config("FULL")) is False
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "lose their bidirectional attention" in errors[0].getMessage()
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    # nothing half-installed: the runner's dispatch is vLLM's own
+    assert not getattr(GPUModelRunner._determine_batch_execution_and_padding, G._PATCHED, False)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert G.apply(None, _config("FULL_AND_PIECEWISE")) is False  # nothing to install
@@ -382,36 +386,49 @@ def _vllm_config(mode: str) -> Any:
     return config
 
 
-def test_model_runner_v2_gets_no_patch_and_full_graphs_an_error(
+def test_the_engines_model_runner_decides_which_hooks(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On V2 the patched dispatch (V1's) is never called, so the buffer would never be filled:
-    nothing is installed and, under FULL graphs, the log says how to get V1 back."""
+    """vLLM 0.32-0.33 build V1 or V2 from the same config by VLLM_USE_V2_MODEL_RUNNER: V1's
+    dispatch is never called on V2 (and V2's hooks never on V1), so each gets its own hooks
+    (V2's: test_engine_graph_ranges_v2.py), and FULL graphs keep the ranges on both."""
     import vllm.v1.attention.backends.triton_attn as triton_attn
+    import vllm.v1.worker.gpu.model_runner as v2_runner
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    stock = triton_attn.compute_mm_prefix_range_tensor
-    dispatch = GPUModelRunner._determine_batch_execution_and_padding
-    monkeypatch.setattr(triton_attn, "compute_mm_prefix_range_tensor", stock)
-    monkeypatch.setattr(GPUModelRunner, "_determine_batch_execution_and_padding", dispatch)
+    patched = {
+        "V1 dispatch": (GPUModelRunner, "_determine_batch_execution_and_padding"),
+        "V2 model state": (DefaultModelState, "prepare_attn"),
+        "V2 runner": (v2_runner.GPUModelRunner, "execute_model"),
+        "V2 dispatch": (v2_runner, "dispatch_cg_and_sync_dp"),
+    }
+
+    def fresh() -> None:  # vLLM's own functions back, as in a new worker process
+        for owner, name in [*patched.values(), (triton_attn, "compute_mm_prefix_range_tensor")]:
+            monkeypatch.setattr(owner, name, getattr(owner, name))
+
+    def hooked() -> set[str]:
+        return {k for k, (o, n) in patched.items() if getattr(getattr(o, n), G._PATCHED, False)}
+
+    fresh()
     config = _vllm_config("FULL")
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    assert G.runs_model_runner_v2(config) is True
-    with caplog.at_level(logging.WARNING):
-        assert G.apply(None, config) is False
-    assert triton_attn.compute_mm_prefix_range_tensor is stock
-    assert GPUModelRunner._determine_batch_execution_and_padding is dispatch
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "VLLM_USE_V2_MODEL_RUNNER=0" in errors[0]
-    assert "lose their bidirectional attention" in errors[0]
-    # V1 chosen: the same config installs the buffer, without an error
-    caplog.clear()
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    assert G.runs_model_runner_v2(config) is False
-    with caplog.at_level(logging.WARNING):
-        assert G.apply(None, config) is True
-    assert getattr(triton_attn.compute_mm_prefix_range_tensor, G._PATCHED)
-    assert not [r for r in caplog.records if r.levelno == logging.ERROR]
+    cases = [
+        ("1", "V2", {"V2 model state", "V2 runner", "V2 dispatch"}),
+        ("0", "V1", {"V1 dispatch"}),
+    ]
+    for env, runner, hooks in cases:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", env)
+        assert G.runs_model_runner_v2(config) is (runner == "V2")
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert G.apply(None, config) is True
+        assert hooked() == hooks
+        assert getattr(triton_attn.compute_mm_prefix_range_tensor, G._PATCHED)
+        assert f"Model Runner {runner}" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        monkeypatch.undo()
+        fresh()
 
 
 def test_runner_v2_is_read_from_the_config_only_where_it_has_the_property() -> None:

@@ -1,7 +1,8 @@
 """The plugin on vLLM 0.34.0's own Gemma 4 code: its wheel beside .venv (`make vllm034`; no CPU
 build of 0.34 is on PyPI yet), on this CPU, eagerly. The adapter's bit-identity tests against
-the real upstream methods, the layout gate, and what 0.34 changed (vllm034_cases.py) run in a
-fresh interpreter whose PYTHONPATH puts 0.34 and its torch first."""
+the real upstream methods, the layout gate, what 0.34 changed (vllm034_cases.py) and the image
+range buffer on Model Runner V2 (0.34's only runner) run in a fresh interpreter whose PYTHONPATH
+puts 0.34 and its torch first."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ CASES = [
     "test_vllm_adapter.py",
     "test_versions_and_register.py::test_detect_layouts",
     "vllm034_cases.py",
+    "test_engine_graph_ranges_v2.py",
 ]
 
 
@@ -45,5 +47,6 @@ def test_the_plugin_passes_on_vllm_034s_code() -> None:
     counts = dict(
         (k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", proc.stdout)
     )
-    # the adapter's 13, the layout gate, vllm034_cases.py's 5: none skipped or deselected
-    assert counts == {"passed": 19}, proc.stdout[-2000:]
+    # the adapter's 13, the layout gate, vllm034_cases.py's 6, the V2 range buffer's 9: none
+    # skipped or deselected
+    assert counts == {"passed": 29}, proc.stdout[-2000:]

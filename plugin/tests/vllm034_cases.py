@@ -107,3 +107,31 @@ def test_a_quantized_tower_keeps_stock() -> None:
     assert vllm_model._inactive_reason(plugin, Settings()) == "quantized vision tower"
     _, plain = models(dtype)
     assert vllm_model._inactive_reason(plain, Settings()) is None
+
+
+def test_034_has_only_model_runner_v2_and_the_range_buffer_hooks_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.34 removed V1 (no gpu_model_runner module, no `use_v2_model_runner`): the graph-safe
+    range buffer installs V2's hooks whatever the config (before: nothing, and FULL graphs
+    dropped Gemma 4's image ranges)."""
+    import vllm.v1.attention.backends.triton_attn as triton_attn
+    import vllm.v1.worker.gpu.model_runner as runner_module
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    import gemma4_batched_encoder.engine_graph_ranges as G
+
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    assert not G._has_v1_runner() and not hasattr(VllmConfig, "use_v2_model_runner")
+    assert G.runs_model_runner_v2(config) is True
+    for owner, name in [
+        (DefaultModelState, "prepare_attn"),
+        (runner_module.GPUModelRunner, "execute_model"),
+        (runner_module, "dispatch_cg_and_sync_dp"),
+        (triton_attn, "compute_mm_prefix_range_tensor"),
+    ]:
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    assert G.install(4, config) is True
+    assert getattr(runner_module.dispatch_cg_and_sync_dp, G._PATCHED)
+    assert getattr(DefaultModelState.prepare_attn, G._PATCHED)

@@ -30,19 +30,20 @@ twelfth sitting) FULL graphs with the buffer served 40 / 55 video req/s at p95 1
 the branch's cost did not show. Default ``auto``: on exactly when ``cudagraph_mode`` is FULL
 (``resolve_width``). A vLLM without these hooks is left as it is, with a warning.
 
-Model runner: the hooks are V1's (``vllm.v1.worker.gpu_model_runner``). vLLM 0.32 and 0.33 run
-every model on Model Runner V2 by default on GPUs with Triton (``VllmConfig.use_v2_model_runner``;
-0.26 only its default architectures, not Gemma 4; 0.34 has no V1 left). V2 builds the same range
-tensor, and its FULL graphs drop the ranges the same way, but never calls V1's dispatch, so the
-patch would be installed and never consulted: on V2 nothing is installed and, with FULL graphs,
-the log says so as an error (``VLLM_USE_V2_MODEL_RUNNER=0`` brings V1 back on 0.32-0.33).
+Model runners: the hooks above are V1's (``vllm.v1.worker.gpu_model_runner``). vLLM 0.32 and
+0.33 run every model on Model Runner V2 by default on GPUs with Triton
+(``VllmConfig.use_v2_model_runner``; 0.26 only its default architectures, not Gemma 4; 0.34 has no
+V1 left). V2 builds the same range tensor and its FULL graphs drop the ranges the same way, but
+never calls V1's dispatch: there the buffer reads its windows from V2's model state and keeps
+overflowing steps out of graphs through V2's dispatch (engine_graph_ranges_v2.py).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -195,20 +196,26 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
             overflow = True
         if overflow:
             bound.arguments[refuse] = True
-            _count_refusal()
-            if not step.refused:
-                step.refused = True
-                logger.info(
-                    "gemma4_batched_encoder: a step with more than %d image ranges for one "
-                    "request kept out of FULL CUDA graphs (%s; logged once; %s sets the width)",
-                    step.width,
-                    refuse,
-                    ENV,
-                )
+            refused(step, refuse)
         return stock(*bound.args, **bound.kwargs)
 
     setattr(dispatch, _PATCHED, True)
     return dispatch
+
+
+def refused(step: Step, how: str) -> None:
+    """A step kept out of FULL graphs (``how``: the dispatch argument that did it): counted on
+    /metrics, logged once."""
+    _count_refusal()
+    if not step.refused:
+        step.refused = True
+        logger.info(
+            "gemma4_batched_encoder: a step with more than %d image ranges for one request kept "
+            "out of FULL CUDA graphs (%s; logged once; %s sets the width)",
+            step.width,
+            how,
+            ENV,
+        )
 
 
 def _count_refusal() -> None:
@@ -227,22 +234,36 @@ def _windows(runner: Any, arguments: Mapping[str, Any]) -> tuple[np.ndarray, np.
     return computed, scheduled
 
 
-def _overflows(runner: Any, first: np.ndarray, count: np.ndarray, width: int) -> bool:
-    batch = runner.input_batch
-    for req_id in batch.req_ids[: len(first)]:
-        index = batch.req_id_to_index[req_id]
-        if count[index] <= width:
+def overflows(
+    features: Mapping[str, Iterable[Any]], windows: Mapping[str, tuple[int, int]], width: int
+) -> bool:
+    """Whether a request has more than ``width`` ranges holding one of its query tokens
+    (``windows``: its first query position and query token count; every feature counted, before
+    vLLM's modality and sliding-window filters: never fewer than vLLM passes)."""
+    for req_id, (first, count) in windows.items():
+        if count <= width:
             # disjoint ranges of >= 1 token each: a window of `count` tokens meets at most
             # `count` of them (every decoding request, without looking at its features)
             continue
         ranges = [
             r
-            for feature in runner.requests[req_id].mm_features
+            for feature in features.get(req_id, ())
             for r in feature.mm_position.extract_embeds_range()
         ]
-        if len(ranges_in_window(ranges, int(first[index]), int(count[index]))) > width:
+        if len(ranges_in_window(ranges, first, count)) > width:
             return True
     return False
+
+
+def _overflows(runner: Any, first: np.ndarray, count: np.ndarray, width: int) -> bool:
+    """`overflows` for V1's runner (its persistent batch and requests)."""
+    batch = runner.input_batch
+    windows = {}
+    for req_id in batch.req_ids[: len(first)]:
+        index = batch.req_id_to_index[req_id]
+        windows[req_id] = (int(first[index]), int(count[index]))
+    wide = {r: runner.requests[r].mm_features for r, (_, n) in windows.items() if n > width}
+    return overflows(wide, windows, width)
 
 
 def full_refusal(dispatch: Callable[..., Any]) -> str | None:
@@ -310,45 +331,62 @@ def resolve_width(setting: int | None, vllm_config: Any) -> int:
     return setting
 
 
+def _has_v1_runner() -> bool:
+    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+
+
 def runs_model_runner_v2(vllm_config: Any) -> bool:
     """Whether this engine's GPU worker builds Model Runner V2 (vLLM decides it from the config
-    and ``VLLM_USE_V2_MODEL_RUNNER``; a vLLM without the property has only V1). A config whose
-    property raises counts as V2: the patch cannot be shown to run there."""
+    and ``VLLM_USE_V2_MODEL_RUNNER``; a vLLM without the property has only one runner: V1 up to
+    0.26's predecessors, V2 from 0.34, which has no V1 module). A config whose property raises
+    counts as V2 where this vLLM has V2's hooks."""
+    try:
+        has_v1 = _has_v1_runner()
+    except (ImportError, ValueError):
+        has_v1 = False
+    if not has_v1:
+        return True
     if vllm_config is None or not hasattr(type(vllm_config), "use_v2_model_runner"):
         return False
     try:
         return bool(vllm_config.use_v2_model_runner)
     except Exception:
         logger.debug("gemma4_batched_encoder: use_v2_model_runner raised", exc_info=True)
-        return True
+        from . import engine_graph_ranges_v2
+
+        return engine_graph_ranges_v2.hooks_present()
 
 
-def install(width: int, vllm_config: Any = None) -> bool:
-    """Patch vLLM's model runner dispatch and its range tensor; ``width`` 0 does nothing, and
-    neither does an engine on Model Runner V2 (the patched dispatch is V1's)."""
-    if width <= 0:
-        return False
-    if runs_model_runner_v2(vllm_config):
-        logger.warning(
-            "gemma4_batched_encoder: %s=%d has no effect on vLLM's Model Runner V2 (the buffer "
-            "hooks V1's dispatch); VLLM_USE_V2_MODEL_RUNNER=0 runs V1 on vLLM 0.32-0.33",
-            ENV,
-            width,
-        )
-        return False
+def _v1_hooks() -> tuple[Any, Any, str] | None:
+    """V1's runner class, its dispatch and the argument that keeps a step out of FULL graphs."""
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:
-        return False
+        return None
     dispatch = getattr(GPUModelRunner, "_determine_batch_execution_and_padding", None)
     refuse = full_refusal(dispatch) if dispatch is not None else None
+    return (GPUModelRunner, dispatch, refuse) if refuse is not None else None
+
+
+def install(width: int, vllm_config: Any = None) -> bool:
+    """Patch vLLM's range tensor and the model runner the engine builds (V1's dispatch, or V2's
+    model state, step and dispatch); ``width`` 0 does nothing."""
+    if width <= 0:
+        return False
+    from . import engine_graph_ranges_v2
+
+    v2 = runs_model_runner_v2(vllm_config)
+    v1 = None if v2 else _v1_hooks()
+    ready = engine_graph_ranges_v2.hooks_present() if v2 else v1 is not None
     where = _range_function()
-    if refuse is None or where is None:
+    if not ready or where is None:
         logger.warning(
             "gemma4_batched_encoder: %s=%d has no effect on this vLLM (no Triton range tensor "
-            "or no way to keep a step out of FULL graphs); vLLM's own range tensor is used",
+            "or no way to keep a step out of FULL graphs on its Model Runner %s); vLLM's own "
+            "range tensor is used",
             ENV,
             width,
+            "V2" if v2 else "V1",
         )
         return False
     owner, name = where
@@ -357,14 +395,21 @@ def install(width: int, vllm_config: Any = None) -> bool:
     if getattr(function, _PATCHED, False):
         return True
     step = Step(width)
-    patched = graph_safe_compute(function, step)
+    patched = graph_safe_compute(function, step)  # (every wrapper built before any is set)
+    if v2:
+        engine_graph_ranges_v2.install(step)
+        refuse = "need_eager"
+    else:
+        runner, dispatch, refuse = v1  # type: ignore[misc]
+        runner._determine_batch_execution_and_padding = guarded_dispatch(dispatch, step, refuse)
     setattr(owner, name, staticmethod(patched) if isinstance(owner, type) else patched)
-    GPUModelRunner._determine_batch_execution_and_padding = guarded_dispatch(dispatch, step, refuse)
     logger.info(
-        "gemma4_batched_encoder: image ranges in a graph-safe buffer, %d a request (%s; steps "
-        "that do not fit: %s); FULL CUDA graphs keep Gemma 4's bidirectional image attention",
+        "gemma4_batched_encoder: image ranges in a graph-safe buffer, %d a request (%s; Model "
+        "Runner %s; steps that do not fit: %s); FULL CUDA graphs keep Gemma 4's bidirectional "
+        "image attention",
         width,
         ENV,
+        "V2" if v2 else "V1",
         refuse,
     )
     return True
@@ -385,9 +430,6 @@ def apply(setting: int | None, vllm_config: Any) -> bool:
             "gemma4_batched_encoder: cudagraph_mode FULL, but the graph-safe image-range buffer "
             "could not be installed on this vLLM: FULL graphs replay without Gemma 4's image "
             "ranges, so image and video tokens lose their bidirectional attention in graphed "
-            "steps (outputs differ); use cudagraph_mode FULL_AND_PIECEWISE (vLLM's default)%s",
-            " or VLLM_USE_V2_MODEL_RUNNER=0 (this engine runs Model Runner V2; the buffer needs V1)"
-            if runs_model_runner_v2(vllm_config)
-            else "",
+            "steps (outputs differ); use cudagraph_mode FULL_AND_PIECEWISE (vLLM's default)"
         )
     return installed
