@@ -13,6 +13,13 @@
 #   bench/gpu/h200.sh graph-ranges          GEMMA4_ENGINE_GRAPH_RANGES' buffer in vLLM's compiled Triton
 #                                           attention, bitwise against vLLM's range tensor, and
 #                                           replayed from a CUDA graph after a refill (seconds)
+#   bench/gpu/h200.sh v2-ranges-serve       the image-range buffer on Model Runner V2 (vLLM 0.26.0 with
+#                                           VLLM_USE_V2_MODEL_RUNNER=1): three V2 servers without
+#                                           torch.compile started together, eager (the reference),
+#                                           FULL graphs with the buffer, FULL graphs without it
+#                                           (vLLM's own: the negative control)
+#   bench/gpu/h200.sh v2-ranges             then: wait, greedy outputs of each, the FULL ones
+#                                           against eager, the plugin's log lines, refusals
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
 #   bench/gpu/h200.sh graphs                the encoder's CUDA graphs: verify fused (padded + unpadded
 #                                           frames), unfused unpadded, fast; exact-fused vs fast timings
@@ -219,6 +226,35 @@ verify | encoder)
     --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
   python3 bench/media_stages.py --processor-only --model "$MODEL_DIR" --out "$OUT/media-processor-only.json" ||
     echo "media stages: exit $?"
+  ;;
+v2-ranges-serve)
+  # No torch.compile (-cc.mode=0), so eager and FULL run the same kernels and differ by the
+  # graphs (and their padded batches); fixed KV sizes, as servers started together need.
+  E="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G -cc.mode=0"
+  F="$E -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
+  B="$REPO/bench/gpu/h200.sh"
+  bash "$B" serve v2-eager 8001 VLLM_USE_V2_MODEL_RUNNER=1 EXTRA_ARGS="$E --enforce-eager"
+  bash "$B" serve v2-full 8002 VLLM_USE_V2_MODEL_RUNNER=1 EXTRA_ARGS="$F"
+  bash "$B" serve v2-full-off 8003 VLLM_USE_V2_MODEL_RUNNER=1 GEMMA4_ENGINE_GRAPH_RANGES=0 \
+    EXTRA_ARGS="$F"
+  ;;
+v2-ranges)
+  B="$REPO/bench/gpu/h200.sh"
+  bash "$B" wait 8001 8002 8003
+  for spec in v2-eager:8001 v2-full:8002 v2-full-off:8003; do
+    name="${spec%%:*}" port="${spec##*:}"
+    bash "$B" greedy "$name" "$port" v2 || echo "$name: greedy exit $?"
+    save_metrics "$port" "$OUT/$name-metrics.txt"
+    echo "$name: $(grep -m1 -o 'Model Runner V[12][^;,]*\|V[12] model runner' "$(log_of "$port")" || true)"
+    grep -h "gemma4_batched_encoder: \(image ranges\|cudagraph_mode\|a step with\)" "$(log_of "$port")" |
+      cut -c1-300 || true
+    grep "full_graph_refusals_total" "$OUT/$name-metrics.txt" || true
+    gzip -c "$(log_of "$port")" >"$OUT/$name.log.gz"
+  done
+  for name in v2-full v2-full-off; do
+    echo "$name vs v2-eager: $(python3 "$REPO/bench/greedy_outputs.py" --compare \
+      "$OUT/v2-eager-greedy-v2.json" "$OUT/$name-greedy-v2.json" || true)"
+  done
   ;;
 graph-ranges)
   cd "$REPO"
