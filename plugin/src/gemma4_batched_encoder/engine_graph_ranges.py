@@ -337,9 +337,9 @@ def _has_v1_runner() -> bool:
 
 def runs_model_runner_v2(vllm_config: Any) -> bool:
     """Whether this engine's GPU worker builds Model Runner V2 (vLLM decides it from the config
-    and ``VLLM_USE_V2_MODEL_RUNNER``; a vLLM without the property has only one runner: V1 up to
-    0.26's predecessors, V2 from 0.34, which has no V1 module). A config whose property raises
-    counts as V2 where this vLLM has V2's hooks."""
+    and ``VLLM_USE_V2_MODEL_RUNNER``). A vLLM without that property has one runner: V1 where
+    V1's module exists (0.20), V2 where it does not (0.34). A config whose property raises counts
+    as V2 where this vLLM has V2's hooks."""
     try:
         has_v1 = _has_v1_runner()
     except (ImportError, ValueError):
