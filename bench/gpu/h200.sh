@@ -20,6 +20,9 @@
 #                                           (vLLM's own: the negative control)
 #   bench/gpu/h200.sh v2-ranges             then: wait, greedy outputs of each, the FULL ones
 #                                           against eager, the plugin's log lines, refusals
+#   bench/gpu/h200.sh v2-ranges-refusals    then: the buffer-less server replaced by FULL graphs with
+#                                           a buffer of 2 ranges (a video's prefill then runs eager:
+#                                           need_eager), greedy outputs against eager, refusals
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
 #   bench/gpu/h200.sh graphs                the encoder's CUDA graphs: verify fused (padded + unpadded
 #                                           frames), unfused unpadded, fast; exact-fused vs fast timings
@@ -255,6 +258,23 @@ v2-ranges)
     echo "$name vs v2-eager: $(python3 "$REPO/bench/greedy_outputs.py" --compare \
       "$OUT/v2-eager-greedy-v2.json" "$OUT/$name-greedy-v2.json" || true)"
   done
+  mkdir -p /tmp/v2 && cp "$OUT"/v2-*-greedy-v2.json /tmp/v2/ # ($OUT is new each device call)
+  ;;
+v2-ranges-refusals)
+  # (after v2-ranges; on an 80 GB card the fourth server fits only once the third has stopped)
+  B="$REPO/bench/gpu/h200.sh"
+  stop_server 8003
+  E="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G -cc.mode=0"
+  F="$E -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
+  bash "$B" serve v2-w2 8004 VLLM_USE_V2_MODEL_RUNNER=1 GEMMA4_ENGINE_GRAPH_RANGES=2 EXTRA_ARGS="$F"
+  bash "$B" wait 8004
+  bash "$B" greedy v2-w2 8004 v2
+  save_metrics 8004 "$OUT/v2-w2-metrics.txt"
+  grep "full_graph_refusals_total" "$OUT/v2-w2-metrics.txt" || true
+  grep -h "gemma4_batched_encoder: \(image ranges\|a step with\)" "$(log_of 8004)" | cut -c1-300 || true
+  echo "v2-w2 vs v2-eager: $(python3 "$REPO/bench/greedy_outputs.py" --compare \
+    /tmp/v2/v2-eager-greedy-v2.json "$OUT/v2-w2-greedy-v2.json" || true)"
+  gzip -c "$(log_of 8004)" >"$OUT/v2-w2.log.gz"
   ;;
 graph-ranges)
   cd "$REPO"
