@@ -34,19 +34,16 @@ def video(offset: int, frames: int, tokens: int, gap: int = 2) -> Any:
     )
 
 
-def _descriptor(mode: Any, num_tokens: int, num_reqs: int | None) -> Any:
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
-
-    return BatchExecutionDescriptor(cg_mode=mode, num_tokens=num_tokens, num_reqs=num_reqs)
-
-
 class GraphManager:
     """A CUDA-graph manager with FULL graphs for every size, padded to 8 requests."""
 
     def dispatch(self, num_reqs: int, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
         from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
-        return _descriptor(CUDAGraphMode.FULL, num_tokens, 8)
+        return BatchExecutionDescriptor(
+            cg_mode=CUDAGraphMode.FULL, num_tokens=num_tokens, num_reqs=8
+        )
 
 
 class ModelState:
