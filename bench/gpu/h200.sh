@@ -164,6 +164,12 @@ stop_server() {
   sleep 5
 }
 
+# The v2-ranges steps' servers: no torch.compile (-cc.mode=0), so eager and FULL run the same
+# kernels and differ by the graphs (and their padded batches); fixed KV sizes, as servers
+# started together need.
+V2_ARGS="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G -cc.mode=0"
+V2_FULL_ARGS="$V2_ARGS -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
+
 cmd="${1:?step}"
 shift
 case "$cmd" in
@@ -231,15 +237,11 @@ verify | encoder)
     echo "media stages: exit $?"
   ;;
 v2-ranges-serve)
-  # No torch.compile (-cc.mode=0), so eager and FULL run the same kernels and differ by the
-  # graphs (and their padded batches); fixed KV sizes, as servers started together need.
-  E="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G -cc.mode=0"
-  F="$E -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
   B="$REPO/bench/gpu/h200.sh"
-  bash "$B" serve v2-eager 8001 VLLM_USE_V2_MODEL_RUNNER=1 EXTRA_ARGS="$E --enforce-eager"
-  bash "$B" serve v2-full 8002 VLLM_USE_V2_MODEL_RUNNER=1 EXTRA_ARGS="$F"
+  bash "$B" serve v2-eager 8001 VLLM_USE_V2_MODEL_RUNNER=1 EXTRA_ARGS="$V2_ARGS --enforce-eager"
+  bash "$B" serve v2-full 8002 VLLM_USE_V2_MODEL_RUNNER=1 EXTRA_ARGS="$V2_FULL_ARGS"
   bash "$B" serve v2-full-off 8003 VLLM_USE_V2_MODEL_RUNNER=1 GEMMA4_ENGINE_GRAPH_RANGES=0 \
-    EXTRA_ARGS="$F"
+    EXTRA_ARGS="$V2_FULL_ARGS"
   ;;
 v2-ranges)
   B="$REPO/bench/gpu/h200.sh"
@@ -264,9 +266,8 @@ v2-ranges-refusals)
   # (after v2-ranges; on an 80 GB card the fourth server fits only once the third has stopped)
   B="$REPO/bench/gpu/h200.sh"
   stop_server 8003
-  E="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G -cc.mode=0"
-  F="$E -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
-  bash "$B" serve v2-w2 8004 VLLM_USE_V2_MODEL_RUNNER=1 GEMMA4_ENGINE_GRAPH_RANGES=2 EXTRA_ARGS="$F"
+  bash "$B" serve v2-w2 8004 VLLM_USE_V2_MODEL_RUNNER=1 GEMMA4_ENGINE_GRAPH_RANGES=2 \
+    EXTRA_ARGS="$V2_FULL_ARGS"
   bash "$B" wait 8004
   bash "$B" greedy v2-w2 8004 v2
   save_metrics 8004 "$OUT/v2-w2-metrics.txt"

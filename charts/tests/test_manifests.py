@@ -133,22 +133,22 @@ def test_compilation_config_and_batched_tokens_render_before_extra_args():
     assert "--compilation-config" not in default and "--max-num-batched-tokens" not in default
 
 
-def full_profile_refused(*args: str):
-    """`helm template` of the full-cuda-graphs profile with ARGS, expected to fail: the process
-    (render() would raise before the caller reads stderr)."""
+@pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
+def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
     from chartlib import helm
 
     profile = profile_file("full-cuda-graphs")
-    return helm("template", "x", str(profile.parents[1]), "-f", str(profile), *args, check=False)
-
-
-@pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
-def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
-    proc = full_profile_refused(
+    proc = helm(  # (not render(): it would raise before stderr is read)
+        "template",
+        "x",
+        str(profile.parents[1]),
+        "-f",
+        str(profile),
         "--set",
         f"server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES={value}",
         "--set",
         f"server.compilationConfig.cudagraph_mode={mode}",  # vLLM also takes "full"
+        check=False,
     )
     assert proc.returncode != 0
     assert "drop Gemma 4's image ranges" in proc.stderr

@@ -132,6 +132,12 @@ class Step:
         self.answer: tuple[object, int, torch.Tensor] | None = None
         self.refused = False  # a step was kept out of FULL graphs (logged once)
 
+    def size_for(self, owner: Any) -> None:
+        """The buffer's rows from the runner's (or model state's) largest batch, once: a FULL
+        graph pads requests up to its token count, so the larger of the two limits."""
+        if not self.rows:
+            self.rows = max(int(owner.max_num_reqs), int(owner.max_num_tokens))
+
     def new_step(self, first: np.ndarray | None, count: np.ndarray | None) -> None:
         self.first, self.count, self.answer = first, count, None
 
@@ -184,8 +190,7 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
     @functools.wraps(stock)
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(self, *args, **kwargs)
-        if not step.rows:
-            step.rows = max(int(self.max_num_reqs), int(self.max_num_tokens))
+        step.size_for(self)
         try:
             first, count = _windows(self, bound.arguments)
             step.new_step(first, count)

@@ -113,8 +113,7 @@ def windowed_prepare_attn(stock: Callable[..., Any], step: G.Step) -> Callable[.
     @functools.wraps(stock)
     def prepare_attn(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(self, *args, **kwargs)
-        if not step.rows:
-            step.rows = max(int(self.max_num_reqs), int(self.max_num_tokens))
+        step.size_for(self)
         try:
             if int(bound.arguments.get("ubatch_idx", 0) or 0) > 0:
                 step.new_step(None, None)  # (vLLM's own tensor: the buffer holds one batch)
@@ -177,15 +176,11 @@ def guarded_dispatch(
     return dispatch
 
 
-def install(step: G.Step) -> bool:
-    """Hook V2's model state, runner and dispatch for ``step`` (the range function is patched by
-    the caller). False where this vLLM lacks them."""
-    if not hooks_present():
-        return False
+def install(step: G.Step) -> None:
+    """Hook V2's model state, runner and dispatch for ``step`` (the caller has checked
+    `hooks_present`, patches the range function and installs once)."""
     runner_module, model_state = _modules()  # type: ignore[misc]
     runner = runner_module.GPUModelRunner
-    if getattr(model_state.prepare_attn, G._PATCHED, False):
-        return True
     pending = Pending()
     wrappers = (
         windowed_prepare_attn(model_state.prepare_attn, step),
@@ -193,4 +188,3 @@ def install(step: G.Step) -> bool:
         guarded_dispatch(runner_module.dispatch_cg_and_sync_dp, step, pending),
     )  # (all built before any is set: a failure leaves vLLM as it was)
     model_state.prepare_attn, runner.execute_model, runner_module.dispatch_cg_and_sync_dp = wrappers
-    return True
