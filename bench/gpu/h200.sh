@@ -23,6 +23,12 @@
 #   bench/gpu/h200.sh v2-ranges-refusals    then: the buffer-less server replaced by FULL graphs with
 #                                           a buffer of 2 ranges (a video's prefill then runs eager:
 #                                           need_eager), greedy outputs against eager, refusals
+#   bench/gpu/h200.sh stock-vs-plugin       two eager servers started together on the installed vLLM
+#                                           (a carried torch too: 0.33.0, the image's): stock and
+#                                           the plugin as the chart configures it, with every
+#                                           encoder call shadow-verified against vLLM's own
+#   bench/gpu/h200.sh stock-vs-plugin-check then: wait, greedy outputs compared, the shadow
+#                                           verifications counted, the plugin's log lines; stops both
 #   bench/gpu/h200.sh encoder               encoder verify + bench + media stages (torch + transformers only)
 #   bench/gpu/h200.sh graphs                the encoder's CUDA graphs: verify fused (padded + unpadded
 #                                           frames), unfused unpadded, fast; exact-fused vs fast timings
@@ -164,6 +170,9 @@ stop_server() {
   sleep 5
 }
 
+# The plugin's settings as the chart sets them (values.yaml server.pluginEnv).
+CHART_ENV="GEMMA4_ENGINE_GPU_BATCHING=1 GEMMA4_MEDIA_UINT8=on GEMMA4_MEDIA_FRAME_THREADS=2"
+
 # The v2-ranges steps' servers: no torch.compile (-cc.mode=0), so eager and FULL run the same
 # kernels and differ by the graphs (and their padded batches); fixed KV sizes, as servers
 # started together need.
@@ -218,6 +227,8 @@ install)
       --out "$MODEL_DIR" $BUILD_ARGS
   fi
   du -sh "$MODEL_DIR"
+  python3 -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(),
+    "NCCL", torch.cuda.nccl.version(), torch.cuda.get_device_name())'
   echo "install took $(($(date +%s) - t0)) s"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   # the API servers' media work is CPU-bound: hosts' CPUs differed 2x (twenty-third sitting)
@@ -235,6 +246,29 @@ verify | encoder)
     --videos 1,2,4,8,16 --out "$OUT/encoder-bench.json"
   python3 bench/media_stages.py --processor-only --model "$MODEL_DIR" --out "$OUT/media-processor-only.json" ||
     echo "media stages: exit $?"
+  ;;
+stock-vs-plugin)
+  # eager: compiled processes fall into per-process numerics classes, stock ones too (nineteenth
+  # sitting), eager ones agree bit for bit; fixed KV sizes, as servers started together need
+  B="$REPO/bench/gpu/h200.sh"
+  E="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G --enforce-eager"
+  bash "$B" serve stock 8001 VLLM_PLUGINS= EXTRA_ARGS="$E"
+  bash "$B" serve plugin 8002 $CHART_ENV GEMMA4_ENCODER_VERIFY_EVERY=1 EXTRA_ARGS="$E"
+  ;;
+stock-vs-plugin-check)
+  B="$REPO/bench/gpu/h200.sh"
+  bash "$B" wait 8001 8002
+  HISTORY=0 bash "$B" greedy-servers stock:8001 plugin:8002
+  for spec in stock:8001 plugin:8002; do
+    name="${spec%%:*}" port="${spec##*:}"
+    save_metrics "$port" "$OUT/$name-metrics.txt"
+    grep -m3 -o "vLLM API server version [0-9.]*\|Model Runner V[12][^;,]*" "$(log_of "$port")" || true
+    gzip -c "$(log_of "$port")" >"$OUT/$name.log.gz"
+  done
+  grep -h "gemma4_batched_encoder" "$(log_of 8002)" | grep -v registered | cut -c1-300 | head -20 || true
+  grep "gemma4_encoder_verify" "$OUT/plugin-metrics.txt" || echo "no shadow verifications counted"
+  stop_server 8001
+  stop_server 8002
   ;;
 v2-ranges-serve)
   B="$REPO/bench/gpu/h200.sh"

@@ -7,7 +7,8 @@
 # Each .whl/pNN goes over in its own `bench/gpu/h200.sh stage` call (carry [".whl/pNN"]); the last
 # folder also holds the plugin and slo-loadtest wheels built from this tree, so the install step
 # always gets the code being measured. Wheels the host already has are left out even when an
-# older wheelhouse still holds them (see wheelhouse.sh's EXCLUDE).
+# older wheelhouse still holds them (see wheelhouse.sh's EXCLUDE), except a torch stack the
+# wheelhouse carries because vLLM pins another torch than the host's (its STACK.txt).
 set -euo pipefail
 WHEELHOUSE="${1:?usage: parts.sh WHEELHOUSE_DIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,8 +19,16 @@ echo "working tree $((tree_bytes / 1048576)) MiB: parts of $PART_MB MiB"
 rm -rf "$ROOT/.whl"
 mkdir -p "$ROOT/.whl/split"
 name="$(basename "$WHEELHOUSE")"
-(cd "$(dirname "$WHEELHOUSE")" && find "$name" -name '*.whl' -printf '%f\n' | grep -Ev "$SKIP" |
-  sed "s|^|$name/|" | tar -cf - -T -) | split -b "${PART_MB}M" - "$ROOT/.whl/split/part-"
+stack="$WHEELHOUSE/STACK.txt"
+[[ -f "$stack" ]] || stack=/dev/null
+wheels="$(find "$WHEELHOUSE" -name '*.whl' -printf '%f\n')"
+# STACK.txt travels too: install-wheelhouse.sh links the host's CUDA libraries by it
+{
+  grep -Fx -f "$stack" <<<"$wheels" || true
+  grep -Ev "$SKIP" <<<"$wheels" || true
+  [[ "$stack" == /dev/null ]] || echo STACK.txt
+} | sort -u | sed "s|^|$name/|" | (cd "$(dirname "$WHEELHOUSE")" && tar -cf - -T -) |
+  split -b "${PART_MB}M" - "$ROOT/.whl/split/part-"
 i=0
 for part in "$ROOT"/.whl/split/part-*; do
   i=$((i + 1))

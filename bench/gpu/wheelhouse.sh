@@ -8,7 +8,11 @@
 # they require: the load test's kubernetes client was missing until the twenty-third sitting,
 # when the resolution left them out) for CPython 3.12 manylinux x86_64 from package metadata
 # only, then downloads every wheel except what the host already has (torch, torchvision,
-# torchaudio, triton, nvidia-*: the host's CUDA build must stay in charge).
+# torchaudio, triton, nvidia-*: the host's CUDA build must stay in charge). A vLLM that pins
+# another torch than the host's (0.32+: 2.14; the hosts have 2.11) gets that torch stack carried:
+# torch, what goes with it, and the CUDA libraries whose release differs from the host's
+# (bench/gpu/torch_stack.py decides; STACK.txt names them, parts.sh keeps them,
+# install-wheelhouse.sh links the host's other CUDA libraries beside them).
 # RESOLVE_ONLY=1: write OUT_DIR/PINS.txt and stop (no downloads).
 set -euo pipefail
 VERSION="${1:?usage: wheelhouse.sh VLLM_VERSION OUT_DIR}"
@@ -25,7 +29,7 @@ MEDIA_CHECK="${MEDIA_CHECK:-av==18.1.0}"  # h200.sh host: bench/yuv_rgb_exact.py
 EXCLUDE='torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*|transformers|huggingface-hub|tokenizers|safetensors|tokenspeed-.*|tilelang|z3-solver'
 PLATFORMS=()
 for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 \
-  manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
+  manylinux_2_24 manylinux_2_18 manylinux_2_17 manylinux2014 manylinux1; do
   PLATFORMS+=(--platform "${p}_x86_64")
 done
 export PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT=
@@ -33,11 +37,31 @@ mkdir -p "$OUT"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-# 1. resolve (metadata only) what vLLM + guidellm need on the target. The host's torch stack is
-#    stood in for by empty placeholder wheels with a local version (`2.11.0+host` satisfies
+# 0. the torch stack to carry, if vLLM's torch is not the host's (nothing for 0.20-0.26)
+python3 "$ROOT/bench/gpu/torch_stack.py" --python-version "$PY_VERSION" "$VERSION" >"$TMP/stack.txt"
+: >"$OUT/STACK.txt"
+stack=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 triton==3.6.0)
+while read -r spec; do
+  # the resolution below sees the carried versions (torch 2.14.0+host satisfies ==2.14.0,
+  # triton 3.8.0+host ~=3.8.0); the CUDA libraries are no dependency of vLLM's own
+  name="${spec%%[=~]=*}" version="${spec##*=}"
+  for i in "${!stack[@]}"; do
+    if [[ "${stack[$i]%%==*}" == "$name" ]]; then stack[i]="$name==$version"; fi
+  done
+done <"$TMP/stack.txt"
+if [[ -s "$TMP/stack.txt" && "${RESOLVE_ONLY:-0}" != 1 ]]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
+    --implementation cp "${PLATFORMS[@]}" -d "$TMP/stack" -r "$TMP/stack.txt"
+  (cd "$TMP/stack" && ls -- *.whl) >"$OUT/STACK.txt"
+  mv "$TMP"/stack/*.whl "$OUT/"
+  echo "carried torch stack: $(tr '\n' ' ' <"$OUT/STACK.txt")"
+fi
+
+# 1. resolve (metadata only) what vLLM + guidellm need on the target. The torch stack is stood
+#    in for by empty placeholder wheels with a local version (`2.11.0+host` satisfies
 #    `torch==2.11.0` and sorts above it), so their CUDA dependencies are never resolved.
 mkdir -p "$TMP/placeholders"
-for spec in torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 triton==3.6.0; do
+for spec in "${stack[@]}"; do
   python3 - "$TMP/placeholders" "${spec%%==*}" "${spec##*==}+host" <<'PY'
 import sys, zipfile
 out, name, version = sys.argv[1:]
