@@ -40,6 +40,17 @@ $(VLLM034)/.installed: requirements/vllm034-overlay.txt | $(VENV)/.installed
 .PHONY: vllm034
 vllm034: $(VLLM034)/.installed ## vLLM 0.34.0's code beside .venv (~2 GB), for the plugin's tests on it
 
+# 0.33.0's wheel alone: the torch 2.14.0 it pins is 0.34's overlay's
+VLLM033 := .cache/vllm-0.33.0
+$(VLLM033)/.installed: requirements/vllm033-overlay.txt | $(VENV)/.installed
+	scripts/check-disk.sh 2
+	rm -rf $(VLLM033)
+	$(PIP) install -q --no-cache-dir --no-deps --target $(VLLM033) -r requirements/vllm033-overlay.txt
+	touch $@
+
+.PHONY: vllm033
+vllm033: $(VLLM033)/.installed vllm034 ## vLLM 0.33.0's code (the image's) beside .venv (~0.9 GB)
+
 .PHONY: tools
 tools: ## helm, kubectl, promtool/prometheus, CRD schemas (scripts/install-tools.sh)
 	scripts/install-tools.sh
@@ -58,7 +69,7 @@ demo: venv tools ## the whole stack locally: vLLM + plugin + Prometheus + a shor
 	$(PY) local/demo.py
 
 .PHONY: test
-test: venv tools vllm034 lint ## ruff, unit tests and end-to-end tests against the real local stack
+test: venv tools vllm033 vllm034 lint ## ruff, unit tests and end-to-end tests against the real local stack
 	$(PY) -m pytest
 
 .PHONY: lint

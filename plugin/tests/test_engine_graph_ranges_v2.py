@@ -5,7 +5,8 @@ V2 runs only on GPUs, so a step runs on a runner and model state that do what V2
 order (execute_model -> dispatch_cg_and_sync_dp -> prepare_attn -> the Triton builder's range
 tensor), standing where vLLM keeps them, around vLLM's own pieces: its dispatch function, input
 batch, encoder cache, range dict and range tensor, multimodal features. The same file runs on
-vLLM 0.32 (this machine's) and on 0.34's code (test_vllm034.py), whose signatures differ."""
+vLLM 0.32 (this machine's) and on 0.33's and 0.34's code (test_vllm_overlays.py), whose
+signatures differ."""
 
 from __future__ import annotations
 

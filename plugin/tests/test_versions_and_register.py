@@ -83,7 +83,7 @@ class UnknownUpstream(nn.Module):
 def test_detect_layouts():
     from vllm.model_executor.models.gemma4_mm import Gemma4ForConditionalGeneration
 
-    # `make test`: vLLM 0.32 (batched); test_vllm034.py runs this file on 0.34's code too
+    # `make test`: vLLM 0.32 (batched); test_vllm_overlays.py runs it on 0.33's and 0.34's code
     installed = Layout.LOCAL if parse_version(vllm_version()) >= (0, 34) else Layout.BATCHED
     assert detect_layout(Gemma4ForConditionalGeneration) is installed
     assert detect_layout(SerialUpstream) is Layout.SERIAL

@@ -68,7 +68,7 @@ def same(a, b):
 
 
 def test_layout_detected_for_installed_vllm():
-    # `make test`: vLLM 0.32 (batched); test_vllm034.py runs this file on 0.34's code too
+    # `make test`: vLLM 0.32 (batched); test_vllm_overlays.py runs it on 0.33's and 0.34's code
     minor = parse_version(vllm_version())
     assert vllm_model.LAYOUT is (Layout.LOCAL if minor >= (0, 34) else Layout.BATCHED)
     assert Plugin.__name__ == Upstream.__name__ == "Gemma4ForConditionalGeneration"

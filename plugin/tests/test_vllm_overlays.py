@@ -1,8 +1,9 @@
-"""The plugin on vLLM 0.34.0's own Gemma 4 code: its wheel beside .venv (`make vllm034`; no CPU
-build of 0.34 is on PyPI yet), on this CPU, eagerly. The adapter's bit-identity tests against
-the real upstream methods, the layout gate, what 0.34 changed (vllm034_cases.py) and the image
-range buffer on Model Runner V2 (0.34's only runner) run in a fresh interpreter whose PYTHONPATH
-puts 0.34 and its torch first."""
+"""The plugin on the Gemma 4 code of vLLM versions with no CPU build on PyPI: 0.33.0 (the
+image's) and 0.34.0, their CUDA wheels beside .venv (`make vllm033 vllm034`), on this CPU,
+eagerly. The adapter's bit-identity tests against the real upstream methods, the layout gate,
+the image range buffer on Model Runner V2 (0.32-0.33's default on GPUs, 0.34's only runner) and,
+on 0.34, what it changed (vllm034_cases.py) run in a fresh interpreter whose PYTHONPATH puts that
+version and its torch 2.14 first."""
 
 from __future__ import annotations
 
@@ -12,21 +13,31 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
-OVERLAY = REPO / ".cache" / "vllm-0.34.0"
-CASES = [
+CACHE = HERE.parents[1] / ".cache"
+SHARED = [
     "test_vllm_adapter.py",
     "test_versions_and_register.py::test_detect_layouts",
-    "vllm034_cases.py",
     "test_engine_graph_ranges_v2.py",
 ]
+# version -> (overlay folders, first wins; cases; passed): none skipped or deselected. The
+# adapter's 13, the layout gate, the V2 range buffer's 9, and on 0.34 vllm034_cases.py's 6.
+OVERLAYS = {
+    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], SHARED, 23),
+    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 29),
+}
 
 
-def test_the_plugin_passes_on_vllm_034s_code() -> None:
-    assert (OVERLAY / ".installed").is_file(), f"{OVERLAY} missing: run `make vllm034`"
+@pytest.mark.parametrize("version", sorted(OVERLAYS))
+def test_the_plugin_passes_on_that_vllms_code(version: str) -> None:
+    folders, cases, passed = OVERLAYS[version]
+    paths = [CACHE / f for f in folders]
+    for path in paths:
+        assert (path / ".installed").is_file(), f"{path} missing: run `make vllm033 vllm034`"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OVERLAY), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, paths), env.get("PYTHONPATH")]))
     probe = subprocess.run(
         [sys.executable, "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
         env=env,
@@ -34,9 +45,9 @@ def test_the_plugin_passes_on_vllm_034s_code() -> None:
         text=True,
         timeout=300,
     )
-    assert probe.stdout.split()[:2] == ["0.34.0", "2.14.0+cu130"], probe.stderr[-2000:]
+    assert probe.stdout.split()[:2] == [version, "2.14.0+cu130"], probe.stderr[-2000:]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CASES],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *cases],
         cwd=HERE,
         env=env,
         capture_output=True,
@@ -47,6 +58,4 @@ def test_the_plugin_passes_on_vllm_034s_code() -> None:
     counts = dict(
         (k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", proc.stdout)
     )
-    # the adapter's 13, the layout gate, vllm034_cases.py's 6, the V2 range buffer's 9: none
-    # skipped or deselected
-    assert counts == {"passed": 29}, proc.stdout[-2000:]
+    assert counts == {"passed": passed}, proc.stdout[-2000:]

@@ -1,6 +1,6 @@
 """What vLLM 0.34 changed for the plugin, on its own code: pixel values that arrive as uint8 and
 are rescaled by the model's input norm (`mm_device_do_normalize`, 0.34's default), the CUDA-graph
-forward on those buffers, and the towers the override leaves alone. Run by test_vllm034.py in
+forward on those buffers, and the towers the override leaves alone. Run by test_vllm_overlays.py in
 the 0.34 overlay, together with test_vllm_adapter.py (float inputs); never collected in the
 main run (vLLM 0.32 has none of this)."""
 
