@@ -105,3 +105,14 @@ def test_pypi_says_the_same_for_vllm_0_33() -> None:
         "nvidia-nccl-cu13==2.30.7",
         "triton~=3.8.0",
     ]
+
+
+def test_the_resolution_sees_the_carried_versions_and_the_hosts_others() -> None:
+    specs = torch_stack.carried(VLLM_0_33, TORCH_2_14, TORCH_2_11)
+    assert torch_stack.stand_ins(specs) == [
+        "torch==2.14.0",
+        "torchvision==0.29.0",
+        "torchaudio==2.11.0",  # vLLM 0.33 pins the host's
+        "triton==3.8.0",
+    ]
+    assert torch_stack.stand_ins([]) == [f"{n}=={v}" for n, v in torch_stack.HOST_STACK.items()]

@@ -262,7 +262,7 @@ stock-vs-plugin-check)
   for spec in stock:8001 plugin:8002; do
     name="${spec%%:*}" port="${spec##*:}"
     save_metrics "$port" "$OUT/$name-metrics.txt"
-    grep -m3 -o "vLLM API server version [0-9.]*\|Model Runner V[12][^;,]*" "$(log_of "$port")" || true
+    grep -m2 -o "LLM engine (v[0-9.]*)\|Using V[12] Model Runner" "$(log_of "$port")" || true
     gzip -c "$(log_of "$port")" >"$OUT/$name.log.gz"
   done
   grep -h "gemma4_batched_encoder" "$(log_of 8002)" | grep -v registered | cut -c1-300 | head -20 || true

@@ -8,6 +8,8 @@ library keeps its ABI within a major.minor release (cuda-toolkit 13.0.2 -> 13.0.
 9.19 -> 9.24 is carried: torch refuses a cuDNN older than the one it was built with).
 
     python3 bench/gpu/torch_stack.py 0.33.0      # prints one pip spec per line, nothing if none
+    python3 bench/gpu/torch_stack.py 0.33.0 --stand-ins FILE   # also: the torch stack the
+        # resolution of vLLM's other dependencies should assume, one name==version per line
 
 Exit status 0 either way; the metadata comes from PyPI (`pip install --dry-run`, no downloads).
 """
@@ -78,6 +80,18 @@ def carried(
     return specs
 
 
+def stand_ins(specs: list[str], host: dict[str, str] | None = None) -> list[str]:
+    """The torch stack as vLLM's resolution should see it: the host's, with the carried
+    versions in place of the host's (wheelhouse.sh stands each in with an empty wheel, so their
+    CUDA dependencies are never resolved)."""
+    stack = dict(host or HOST_STACK)
+    for spec in specs:
+        name, _, version = re.split(r"(==|~=)", spec, maxsplit=1)
+        if name in stack:
+            stack[name] = version
+    return [f"{name}=={version}" for name, version in stack.items()]
+
+
 def _requires(spec: str, pip_args: list[str]) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
@@ -108,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("vllm_version")
     parser.add_argument("--python-version", default="3.12")
+    parser.add_argument("--stand-ins", type=Path, help="write the stack vLLM's resolution sees")
     args = parser.parse_args(argv)
     pip_args = [
         "--only-binary=:all:",
@@ -124,14 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     ]
     vllm_requires = _requires(f"vllm=={args.vllm_version}", pip_args)
     torch_pin = pins(vllm_requires).get("torch", ("==", HOST_STACK["torch"]))[1]
-    if torch_pin == HOST_STACK["torch"]:
-        return 0
-    specs = carried(
-        vllm_requires,
-        _requires(f"torch=={torch_pin}", pip_args),
-        _requires(f"torch=={HOST_STACK['torch']}", pip_args),
-    )
-    print("\n".join(specs))
+    specs = []
+    if torch_pin != HOST_STACK["torch"]:
+        specs = carried(
+            vllm_requires,
+            _requires(f"torch=={torch_pin}", pip_args),
+            _requires(f"torch=={HOST_STACK['torch']}", pip_args),
+        )
+        print("\n".join(specs))
+    if args.stand_ins:
+        args.stand_ins.write_text("".join(f"{line}\n" for line in stand_ins(specs)))
     return 0
 
 

@@ -38,17 +38,9 @@ TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
 # 0. the torch stack to carry, if vLLM's torch is not the host's (nothing for 0.20-0.26)
-python3 "$ROOT/bench/gpu/torch_stack.py" --python-version "$PY_VERSION" "$VERSION" >"$TMP/stack.txt"
+python3 "$ROOT/bench/gpu/torch_stack.py" --python-version "$PY_VERSION" "$VERSION" \
+  --stand-ins "$TMP/stand-ins.txt" >"$TMP/stack.txt"
 : >"$OUT/STACK.txt"
-stack=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 triton==3.6.0)
-while read -r spec; do
-  # the resolution below sees the carried versions (torch 2.14.0+host satisfies ==2.14.0,
-  # triton 3.8.0+host ~=3.8.0); the CUDA libraries are no dependency of vLLM's own
-  name="${spec%%[=~]=*}" version="${spec##*=}"
-  for i in "${!stack[@]}"; do
-    if [[ "${stack[$i]%%==*}" == "$name" ]]; then stack[i]="$name==$version"; fi
-  done
-done <"$TMP/stack.txt"
 if [[ -s "$TMP/stack.txt" && "${RESOLVE_ONLY:-0}" != 1 ]]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
     --implementation cp "${PLATFORMS[@]}" -d "$TMP/stack" -r "$TMP/stack.txt"
@@ -59,9 +51,10 @@ fi
 
 # 1. resolve (metadata only) what vLLM + guidellm need on the target. The torch stack is stood
 #    in for by empty placeholder wheels with a local version (`2.11.0+host` satisfies
-#    `torch==2.11.0` and sorts above it), so their CUDA dependencies are never resolved.
+#    `torch==2.11.0` and sorts above it, a carried `2.14.0+host` `torch==2.14.0`), so their CUDA
+#    dependencies are never resolved.
 mkdir -p "$TMP/placeholders"
-for spec in "${stack[@]}"; do
+while read -r spec; do
   python3 - "$TMP/placeholders" "${spec%%==*}" "${spec##*==}+host" <<'PY'
 import sys, zipfile
 out, name, version = sys.argv[1:]
@@ -71,7 +64,7 @@ with zipfile.ZipFile(f"{out}/{name}-{version}-py3-none-any.whl", "w") as whl:
     whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
     whl.writestr(f"{dist}/RECORD", "")
 PY
-done
+done <"$TMP/stand-ins.txt"
 python3 -m pip install -q --dry-run --ignore-installed --report "$TMP/report.json" \
   --find-links "$TMP/placeholders" \
   --only-binary=:all: --python-version "$PY_VERSION" --implementation cp "${PLATFORMS[@]}" \
