@@ -30,12 +30,19 @@ $(VENV)/.installed: requirements/cpu.lock plugin/pyproject.toml loadtest/pyproje
 .PHONY: venv
 venv: $(VENV)/.installed ## the development environment (.venv) from requirements/cpu.lock
 
+# vLLM wheels with no CPU build on PyPI, their code beside .venv for the plugin's tests on it
+# (plugin/tests/test_vllm_overlays.py): $(call install-overlay,NEED_GB) installs the
+# prerequisite requirements file into the target's folder.
+define install-overlay
+	scripts/check-disk.sh $(1)
+	rm -rf $(@D)
+	$(PIP) install -q --no-cache-dir --no-deps --target $(@D) -r $<
+	touch $@
+endef
+
 VLLM034 := .cache/vllm-0.34.0
 $(VLLM034)/.installed: requirements/vllm034-overlay.txt | $(VENV)/.installed
-	scripts/check-disk.sh 3
-	rm -rf $(VLLM034)
-	$(PIP) install -q --no-cache-dir --no-deps --target $(VLLM034) -r requirements/vllm034-overlay.txt
-	touch $@
+	$(call install-overlay,3)
 
 .PHONY: vllm034
 vllm034: $(VLLM034)/.installed ## vLLM 0.34.0's code beside .venv (~2 GB), for the plugin's tests on it
@@ -43,10 +50,7 @@ vllm034: $(VLLM034)/.installed ## vLLM 0.34.0's code beside .venv (~2 GB), for t
 # 0.33.0's wheel alone: the torch 2.14.0 it pins is 0.34's overlay's
 VLLM033 := .cache/vllm-0.33.0
 $(VLLM033)/.installed: requirements/vllm033-overlay.txt | $(VENV)/.installed
-	scripts/check-disk.sh 2
-	rm -rf $(VLLM033)
-	$(PIP) install -q --no-cache-dir --no-deps --target $(VLLM033) -r requirements/vllm033-overlay.txt
-	touch $@
+	$(call install-overlay,2)
 
 .PHONY: vllm033
 vllm033: $(VLLM033)/.installed vllm034 ## vLLM 0.33.0's code (the image's) beside .venv (~0.9 GB)

@@ -173,10 +173,11 @@ stop_server() {
 # The plugin's settings as the chart sets them (values.yaml server.pluginEnv).
 CHART_ENV="GEMMA4_ENGINE_GPU_BATCHING=1 GEMMA4_MEDIA_UINT8=on GEMMA4_MEDIA_FRAME_THREADS=2"
 
+# Servers started together need fixed KV sizes (one profiling while another loads sizes it wrong).
+TOGETHER_ARGS="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G"
 # The v2-ranges steps' servers: no torch.compile (-cc.mode=0), so eager and FULL run the same
-# kernels and differ by the graphs (and their padded batches); fixed KV sizes, as servers
-# started together need.
-V2_ARGS="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G -cc.mode=0"
+# kernels and differ by the graphs (and their padded batches).
+V2_ARGS="$TOGETHER_ARGS -cc.mode=0"
 V2_FULL_ARGS="$V2_ARGS -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
 
 cmd="${1:?step}"
@@ -249,9 +250,9 @@ verify | encoder)
   ;;
 stock-vs-plugin)
   # eager: compiled processes fall into per-process numerics classes, stock ones too (nineteenth
-  # sitting), eager ones agree bit for bit; fixed KV sizes, as servers started together need
+  # sitting), eager ones agree bit for bit
   B="$REPO/bench/gpu/h200.sh"
-  E="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G --enforce-eager"
+  E="$TOGETHER_ARGS --enforce-eager"
   bash "$B" serve stock 8001 VLLM_PLUGINS= EXTRA_ARGS="$E"
   bash "$B" serve plugin 8002 $CHART_ENV GEMMA4_ENCODER_VERIFY_EVERY=1 EXTRA_ARGS="$E"
   ;;

@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
+import shlex
 import socket
 import stat
 import subprocess
@@ -15,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from chartlib import ROOT, deployment_container, one, render, require_tool
+import yaml
+from chartlib import CHART, ROOT, deployment_container, one, render, require_tool
 
 IMAGES = ROOT / "images"
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -273,3 +276,15 @@ def test_dockerfiles_match_the_packages():
     assert loadtest["name"] == "slo-loadtest"
     assert "slo-loadtest" in loadtest["scripts"]
     assert 'ENTRYPOINT ["slo-loadtest"]' in (IMAGES / "Dockerfile.loadtest").read_text()
+
+
+def test_gpu_sittings_serve_the_plugin_as_the_chart_configures_it():
+    """bench/gpu/h200.sh's CHART_ENV (the GPU sittings' "chart configuration") is the plugin
+    environment the chart's default Deployment sets from server.pluginEnv, no more, no less."""
+    script = (ROOT / "bench" / "gpu" / "h200.sh").read_text()
+    (line,) = re.findall(r"^CHART_ENV=(.*)$", script, flags=re.M)
+    sittings = dict(kv.split("=", 1) for kv in shlex.split(line)[0].split())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["server"]["pluginEnv"]
+    assert sittings == {k: str(v) for k, v in values.items()}
+    env = {e["name"]: e.get("value") for e in deployment_container(render("default"))["env"]}
+    assert all(env.get(k) == v for k, v in sittings.items()), env
