@@ -72,9 +72,13 @@ def test_another_torch_carries_what_differs_by_release() -> None:
     )
 
 
-def test_a_triton_of_the_hosts_release_is_not_carried() -> None:
+def test_triton_is_judged_against_the_hosts_installed_release() -> None:
     torch = [r.replace("~=3.8.0", "~=3.6.0") for r in TORCH_2_14]
     assert "triton~=3.6.0" not in torch_stack.carried(VLLM_0_33, torch, TORCH_2_11)
+    # a host whose triton is older than the release torch asks for gets it carried, although the
+    # host torch's own pin is not an `==` the generic rule could compare
+    older = {**torch_stack.HOST_STACK, "triton": "3.5.1"}
+    assert "triton~=3.6.0" in torch_stack.carried(VLLM_0_33, torch, TORCH_2_11, older)
 
 
 def test_pins_leave_out_extras_and_other_platforms() -> None:
