@@ -39,6 +39,7 @@
 #                                           DIGEST=1: its weights' digests readable by `digest`)
 #   bench/gpu/h200.sh restart NAME PORT [AS NEW NEWPORT]   stop NAME and start it again with the
 #                                           same settings on its own caches (or NEW on a copy)
+#   bench/gpu/h200.sh stop PORT...          stop those servers (their GPU memory back for the next step)
 #   bench/gpu/h200.sh wait PORT...          wait for /health
 #                                           (servers sharing the GPU: start the next only after
 #                                           the last has sized its KV cache; one profiling while
@@ -558,6 +559,10 @@ wait)
       wait_for "$port" "warmed up" 300 test -f "/tmp/warmup-$port.done"
     fi
   done
+  ;;
+stop)
+  for port in "${@:?port}"; do stop_server "$port"; done
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
   ;;
 wait-kv)
   port="${1:?port}"
