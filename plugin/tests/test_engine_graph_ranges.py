@@ -321,6 +321,86 @@ def _raise(*args: object) -> None:
     raise RuntimeError("changed upstream")
 
 
+@pytest.fixture(autouse=True)
+def _vllms_resolution_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`apply` with FULL wraps vLLM's class method for the process: each test gets vLLM's own."""
+    from vllm.config.compilation import CompilationConfig
+
+    name = "resolve_cudagraph_mode_and_sizes"
+    own = vars(CompilationConfig)[name]
+    monkeypatch.setattr(CompilationConfig, name, getattr(own, "__wrapped__", own))
+
+
+def _resolve(requested: str, support: str, backend: str) -> str:
+    """vLLM's own resolution of a requested mode against its attention backends' support."""
+    from vllm.config.compilation import CompilationConfig, CompilationMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    config = CompilationConfig(
+        mode=CompilationMode.NONE, cudagraph_mode=requested, max_cudagraph_capture_size=64
+    )
+    return config.resolve_cudagraph_mode_and_sizes(AttentionCGSupport[support], backend).name
+
+
+def _narrowing_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [m for r in caplog.records if "vLLM runs cudagraph_mode" in (m := r.getMessage())]
+
+
+def test_full_narrowed_by_vllms_attention_backend_is_a_warning_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # vLLM 0.33 on Hopper: TRITON_FLASH_ATTN graphs single-token decodes only (twenty-seventh
+    # sitting); the buffer then has no FULL mixed step to serve
+    from vllm.config.compilation import CompilationConfig
+
+    assert G.watch_resolution() is True
+    assert G.watch_resolution() is True
+    wrapper = CompilationConfig.resolve_cudagraph_mode_and_sizes
+    assert not getattr(wrapper.__wrapped__, G._PATCHED, False)  # wrapped once, not twice
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            narrowed = _resolve(
+                "FULL", "UNIFORM_SINGLE_TOKEN_DECODE", "TritonFlashAttentionBackend"
+            )
+            assert narrowed == "FULL_DECODE_ONLY"
+    (warning,) = _narrowing_warnings(caplog)  # once a process
+    for part in (
+        "FULL_DECODE_ONLY, not the FULL requested",
+        "TritonFlashAttentionBackend",
+        "UNIFORM_SINGLE_TOKEN_DECODE",
+        "GEMMA4_ENGINE_GRAPH_RANGES) is idle",
+        "--attention-backend TRITON_ATTN",
+    ):
+        assert part in warning
+
+
+@pytest.mark.parametrize(
+    ("requested", "support"),
+    [
+        ("FULL", "ALWAYS"),  # vLLM keeps FULL: the buffer serves every mixed step
+        ("FULL_AND_PIECEWISE", "UNIFORM_SINGLE_TOKEN_DECODE"),  # nothing FULL was asked for
+    ],
+)
+def test_no_warning_where_vllm_keeps_what_was_asked_for(
+    caplog: pytest.LogCaptureFixture, requested: str, support: str
+) -> None:
+    assert G.watch_resolution() is True
+    with caplog.at_level(logging.WARNING):
+        resolved = _resolve(requested, support, "TritonAttentionBackend")
+    assert resolved == requested
+    assert _narrowing_warnings(caplog) == []
+
+
+def test_apply_watches_vllms_resolution_only_when_full_is_asked_for() -> None:
+    from vllm.config.compilation import CompilationConfig
+
+    # (width 0: nothing else is installed, so the runner's hooks stay vLLM's for later tests)
+    G.apply(0, _config("FULL_AND_PIECEWISE"))
+    assert not getattr(CompilationConfig.resolve_cudagraph_mode_and_sizes, G._PATCHED, False)
+    G.apply(0, _config("FULL"))
+    assert getattr(CompilationConfig.resolve_cudagraph_mode_and_sizes, G._PATCHED, False)
+
+
 @pytest.mark.parametrize(
     ("raw", "width"),
     [("on", 16), ("1", 16), ("8", 8), ("off", 0), ("0", 0), ("auto", None), ("", None)],

@@ -303,13 +303,19 @@ def _range_function() -> tuple[Any, str] | None:
     return None
 
 
-def full_mixed_graphs(vllm_config: Any) -> bool:
-    """Whether this vLLM config captures mixed prefill-decode batches in FULL CUDA graphs
-    (``cudagraph_mode`` FULL; FULL_AND_PIECEWISE and FULL_DECODE_ONLY graph only uniform decode
-    batches whole, whose query tokens are never image tokens)."""
-    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+def _mixed_mode_name(mode: Any) -> str | None:
+    """A CUDAGraphMode's mode for mixed prefill-decode batches, by name (None: not a mode)."""
     mixed = getattr(mode, "mixed_mode", None)
-    return callable(mixed) and getattr(mixed(), "name", None) == "FULL"
+    return getattr(mixed(), "name", None) if callable(mixed) else None
+
+
+def full_mixed_graphs(vllm_config: Any) -> bool:
+    """Whether this vLLM config asks for mixed prefill-decode batches in FULL CUDA graphs
+    (``cudagraph_mode`` FULL; FULL_AND_PIECEWISE and FULL_DECODE_ONLY graph only uniform decode
+    batches whole, whose query tokens are never image tokens). vLLM may still narrow it to what
+    its attention backends support (``watch_resolution``)."""
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return _mixed_mode_name(mode) == "FULL"
 
 
 def resolve_width(setting: int | None, vllm_config: Any) -> int:
@@ -319,8 +325,9 @@ def resolve_width(setting: int | None, vllm_config: Any) -> int:
     if setting is None:
         if full:
             logger.info(
-                "gemma4_batched_encoder: cudagraph_mode FULL captures mixed prefill-decode "
-                "batches whole: image ranges go through the graph-safe buffer (%s=auto -> %d)",
+                "gemma4_batched_encoder: cudagraph_mode FULL asks for mixed prefill-decode "
+                "batches captured whole: image ranges go through the graph-safe buffer "
+                "(%s=auto -> %d)",
                 ENV,
                 AUTO_WIDTH,
             )
@@ -420,11 +427,57 @@ def install(width: int, vllm_config: Any = None) -> bool:
     return True
 
 
+def watch_resolution() -> bool:
+    """Warn once when vLLM, checking the attention backends it picked, narrows a requested FULL
+    mode to one that graphs no mixed prefill-decode step (``resolve_cudagraph_mode_and_sizes``,
+    vLLM 0.32+). The buffer is then idle, and a FULL profile buys nothing: vLLM 0.33 on Hopper
+    picks TRITON_FLASH_ATTN for Gemma 4, whose graphs cover single-token decodes only, and turns
+    FULL into FULL_AND_PIECEWISE (torch.compile) or FULL_DECODE_ONLY (twenty-seventh sitting)."""
+    try:
+        from vllm.config.compilation import CompilationConfig
+    except ImportError:
+        return False
+    resolve = getattr(CompilationConfig, "resolve_cudagraph_mode_and_sizes", None)
+    if resolve is None:
+        return False
+    if getattr(resolve, _PATCHED, False):
+        return True
+    warned = False
+
+    @functools.wraps(resolve)
+    def resolved(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal warned
+        requested = _mixed_mode_name(getattr(self, "cudagraph_mode", None))
+        mode = resolve(self, *args, **kwargs)
+        if requested == "FULL" and _mixed_mode_name(mode) != "FULL" and not warned:
+            warned = True
+            support = kwargs.get("min_cg_support", args[0] if args else None)
+            backend = kwargs.get("min_cg_attn_backend", args[1] if len(args) > 1 else None)
+            logger.warning(
+                "gemma4_batched_encoder: vLLM runs cudagraph_mode %s, not the FULL requested: "
+                "its attention backend %s supports CUDA graphs for %s only, so no step with "
+                "image tokens is replayed from a FULL graph and the graph-safe image-range "
+                "buffer (%s) is idle; FULL graphs of mixed batches need a backend with full "
+                "support (vLLM 0.33 on Hopper: --attention-backend TRITON_ATTN)",
+                getattr(mode, "name", mode),
+                backend,
+                getattr(support, "name", support),
+                ENV,
+            )
+        return mode
+
+    setattr(resolved, _PATCHED, True)
+    CompilationConfig.resolve_cudagraph_mode_and_sizes = resolved  # type: ignore[method-assign]
+    return True
+
+
 def apply(setting: int | None, vllm_config: Any) -> bool:
     """`resolve_width` then `install`. Where FULL graphs capture mixed batches and the buffer
     cannot be installed (a vLLM without the hooks, or the patch raised), an error in the log says
     what that costs: vLLM then replays graphs captured without Gemma 4's image ranges."""
     width = resolve_width(setting, vllm_config)
+    if full_mixed_graphs(vllm_config):
+        watch_resolution()
     try:
         installed = install(width, vllm_config)
     except Exception:
