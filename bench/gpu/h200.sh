@@ -177,8 +177,10 @@ CHART_ENV="GEMMA4_ENGINE_GPU_BATCHING=1 GEMMA4_MEDIA_UINT8=on GEMMA4_MEDIA_FRAME
 # Servers started together need fixed KV sizes (one profiling while another loads sizes it wrong).
 TOGETHER_ARGS="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G"
 # The v2-ranges steps' servers: no torch.compile (-cc.mode=0), so eager and FULL run the same
-# kernels and differ by the graphs (and their padded batches).
-V2_ARGS="$TOGETHER_ARGS -cc.mode=0"
+# kernels and differ by the graphs (and their padded batches). ATTN_ARGS: e.g.
+# "--attention-backend TRITON_ATTN" (vLLM 0.33 on Hopper picks TRITON_FLASH_ATTN, which narrows
+# FULL to FULL_DECODE_ONLY: twenty-seventh sitting).
+V2_ARGS="$TOGETHER_ARGS -cc.mode=0${ATTN_ARGS:+ $ATTN_ARGS}"
 V2_FULL_ARGS="$V2_ARGS -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560 --max-num-batched-tokens 2560"
 
 cmd="${1:?step}"
