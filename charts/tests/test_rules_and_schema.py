@@ -682,3 +682,18 @@ def test_notes_warn_without_token_and_follow_metrics_mode():
     notes = install_dry_run("metrics.mode=serviceMonitor", profile="default")["info"]["notes"]
     assert f"ServiceMonitor {NAMESPACE}/{FULLNAME}" in notes
     assert "WARNING: model.hfToken" not in notes
+
+
+def test_notes_warn_that_full_graphs_narrow_on_the_images_vllm():
+    """vLLM 0.33+ on Hopper narrows FULL to FULL_AND_PIECEWISE for Gemma 4 (TRITON_FLASH_ATTN;
+    twenty-seventh sitting): the FULL profile says so, unless an attention backend is chosen."""
+    warning = "narrows FULL to FULL_AND_PIECEWISE"
+    assert warning not in install_dry_run(profile="default")["info"]["notes"]
+    full = install_dry_run(profile="full-cuda-graphs")["info"]["notes"]
+    assert warning in full and "--attention-backend, TRITON_ATTN" in full
+    lower = install_dry_run("server.compilationConfig.cudagraph_mode=full", profile="default")
+    assert warning in lower["info"]["notes"]  # vLLM takes the lower-case spelling too
+    chosen = install_dry_run(
+        "server.extraArgs={--attention-backend,TRITON_ATTN}", profile="full-cuda-graphs"
+    )
+    assert warning not in chosen["info"]["notes"]
