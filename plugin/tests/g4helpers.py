@@ -87,3 +87,15 @@ def emulate_capture_on_5_17(monkeypatch) -> None:
     monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa", _ignore_mask_as_in_5_17)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(chunk, "_capturing", lambda: True)
+
+
+def resolve_cudagraph_mode(requested: str, support: str, backend: str) -> str:
+    """vLLM's own resolution of a requested CUDA-graph mode against its attention backends'
+    support (without torch.compile: FULL narrows to FULL_DECODE_ONLY), by name."""
+    from vllm.config.compilation import CompilationConfig, CompilationMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    config = CompilationConfig(
+        mode=CompilationMode.NONE, cudagraph_mode=requested, max_cudagraph_capture_size=64
+    )
+    return config.resolve_cudagraph_mode_and_sizes(AttentionCGSupport[support], backend).name

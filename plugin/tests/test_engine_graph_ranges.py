@@ -22,10 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from g4helpers import resolve_cudagraph_mode
 from vllm020 import Metadata020
 
 import gemma4_batched_encoder.engine_graph_ranges as G
 from gemma4_batched_encoder.settings import Settings
+
+# apply() with FULL wraps vLLM's class method for the process: each test starts from vLLM's own
+pytestmark = pytest.mark.usefixtures("vllms_own_resolution")
 
 HERE = Path(__file__).parent
 
@@ -261,6 +265,21 @@ def test_020_step_with_more_ranges_than_the_width_stays_out_of_full_graphs(
     assert metadata["layer.0"].mm_prefix_range_tensor.tolist() == [[[2, 10], [25, 34], [40, 49]]]
 
 
+def test_020_a_narrowed_full_mode_leaves_every_step_to_vllm(vllm020: type[Runner020]) -> None:
+    """Once vLLM has narrowed FULL (no mixed step is graphed), the buffer and its refusal are off:
+    the step that overflowed above keeps vLLM's graphs, and every step gets vLLM's own tensor."""
+    assert G.watch_resolution() is True
+    narrowed = resolve_cudagraph_mode("FULL", "UNIFORM_SINGLE_TOKEN_DECODE", "TritonFlashAttn")
+    assert narrowed == "FULL_DECODE_ONLY"
+    runner = vllm020({"video": (0, 60, [(2, 10), (25, 34), (40, 49)]), "chat": (44, 1, [(5, 15)])})
+    metadata = runner.step()
+    assert runner.dispatched == [False]  # not refused
+    assert metadata["layer.0"].mm_prefix_range_tensor.tolist() == [
+        [[2, 10], [25, 34], [40, 49]],
+        [[5, 15], [0, 0], [0, 0]],
+    ]  # vLLM's compact tensor, every range of each request, no padded buffer rows
+
+
 def test_032_patches_the_backends_range_function_and_refuses_full_by_force_eager(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -321,27 +340,6 @@ def _raise(*args: object) -> None:
     raise RuntimeError("changed upstream")
 
 
-@pytest.fixture(autouse=True)
-def _vllms_resolution_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`apply` with FULL wraps vLLM's class method for the process: each test gets vLLM's own."""
-    from vllm.config.compilation import CompilationConfig
-
-    name = "resolve_cudagraph_mode_and_sizes"
-    own = vars(CompilationConfig)[name]
-    monkeypatch.setattr(CompilationConfig, name, getattr(own, "__wrapped__", own))
-
-
-def _resolve(requested: str, support: str, backend: str) -> str:
-    """vLLM's own resolution of a requested mode against its attention backends' support."""
-    from vllm.config.compilation import CompilationConfig, CompilationMode
-    from vllm.v1.attention.backend import AttentionCGSupport
-
-    config = CompilationConfig(
-        mode=CompilationMode.NONE, cudagraph_mode=requested, max_cudagraph_capture_size=64
-    )
-    return config.resolve_cudagraph_mode_and_sizes(AttentionCGSupport[support], backend).name
-
-
 def _narrowing_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [m for r in caplog.records if "vLLM runs cudagraph_mode" in (m := r.getMessage())]
 
@@ -359,7 +357,7 @@ def test_full_narrowed_by_vllms_attention_backend_is_a_warning_once(
     assert not getattr(wrapper.__wrapped__, G._PATCHED, False)  # wrapped once, not twice
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
-            narrowed = _resolve(
+            narrowed = resolve_cudagraph_mode(
                 "FULL", "UNIFORM_SINGLE_TOKEN_DECODE", "TritonFlashAttentionBackend"
             )
             assert narrowed == "FULL_DECODE_ONLY"
@@ -386,7 +384,7 @@ def test_no_warning_where_vllm_keeps_what_was_asked_for(
 ) -> None:
     assert G.watch_resolution() is True
     with caplog.at_level(logging.WARNING):
-        resolved = _resolve(requested, support, "TritonAttentionBackend")
+        resolved = resolve_cudagraph_mode(requested, support, "TritonAttentionBackend")
     assert resolved == requested
     assert _narrowing_warnings(caplog) == []
 

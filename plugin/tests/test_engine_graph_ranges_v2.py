@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from g4helpers import resolve_cudagraph_mode
 
 import gemma4_batched_encoder.engine_graph_ranges as G
 import gemma4_batched_encoder.engine_graph_ranges_v2 as V2
@@ -230,6 +231,23 @@ def test_v2_step_with_more_ranges_than_the_width_runs_eager(
     # the refusal lasts one step
     runner.execute_model(scheduler_output({}, {"video": (50, 1)}))
     assert runner.modes == ["NONE", "FULL"]
+
+
+@pytest.mark.usefixtures("vllms_own_resolution")
+def test_v2_a_narrowed_full_mode_leaves_every_step_to_vllm(v2: type[Runner]) -> None:
+    """Once vLLM has narrowed FULL (0.33 on Hopper: no mixed step is graphed), the step that ran
+    eager above keeps vLLM's dispatch, and gets vLLM's own compact tensor."""
+    assert G.watch_resolution() is True
+    narrowed = resolve_cudagraph_mode("FULL", "UNIFORM_SINGLE_TOKEN_DECODE", "TritonFlashAttn")
+    assert narrowed == "FULL_DECODE_ONLY"
+    frames = [[10, 17], [20, 27], [30, 37], [40, 47]]
+    runner = v2({"video": [video(10, 4, 8)]})
+    metadata = runner.execute_model(scheduler_output({"video": (0, 50)}, {}))
+    assert runner.modes == ["FULL"]  # no need_eager
+    assert metadata["full"].tolist()[0] == frames and not metadata["full"][1:].any()
+    # a chunk that fits the buffer's width of 2 gets vLLM's tensor too: every frame, no buffer rows
+    fitting = runner.execute_model(scheduler_output({}, {"video": (18, 14)}))["full"]
+    assert fitting.shape[1:] == (4, 2) and fitting.tolist()[0] == frames
 
 
 def test_v2_graph_capture_reads_the_buffer(v2: type[Runner]) -> None:

@@ -27,11 +27,11 @@ SHARED = [
     "test_engine_graph_ranges.py::test_apply_watches_vllms_resolution_only_when_full_is_asked_for",
 ]
 # version -> (overlay folders, first wins; cases; passed): none skipped or deselected. The
-# adapter's 13, the layout gate, the V2 range buffer's 9, the narrowed-FULL warning's 4, and on
+# adapter's 13, the layout gate, the V2 range buffer's 10, the narrowed-FULL warning's 4, and on
 # 0.34 vllm034_cases.py's 6.
 OVERLAYS = {
-    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], SHARED, 27),
-    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 33),
+    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], SHARED, 28),
+    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 34),
 }
 
 

@@ -55,6 +55,8 @@ from .settings import GRAPH_RANGES_ON as AUTO_WIDTH
 
 ENV = "GEMMA4_ENGINE_GRAPH_RANGES"
 _PATCHED = "_gemma4_graph_ranges"
+# The installed buffer's step (one model runner a process), for watch_resolution to retire.
+_STEP: Step | None = None
 
 Ranges = Mapping[int, Sequence[tuple[int, int]]]
 
@@ -131,6 +133,9 @@ class Step:
         # tensor once per attention group): (ranges object, num_seqs, rows)
         self.answer: tuple[object, int, torch.Tensor] | None = None
         self.refused = False  # a step was kept out of FULL graphs (logged once)
+        # False once vLLM has narrowed the FULL mode (watch_resolution): no step is replayed from
+        # a FULL graph then, so every hook leaves the step to vLLM's own code
+        self.active = True
 
     def size_for(self, owner: Any) -> None:
         """The buffer's rows from the runner's (or model state's) largest batch, once: a FULL
@@ -150,7 +155,7 @@ class Step:
     ) -> torch.Tensor | None:
         """``compute_mm_prefix_range_tensor``'s answer: the buffer's rows, or ``fallback``'s
         tensor where the step's ranges do not fit (a step the dispatch kept out of FULL graphs)."""
-        if ranges is None or self.first is None or self.count is None:
+        if not self.active or ranges is None or self.first is None or self.count is None:
             return fallback(ranges, num_seqs, device)
         if self.answer is not None and self.answer[0] is ranges and self.answer[1] == num_seqs:
             return self.answer[2]  # (already copied for this step)
@@ -189,6 +194,8 @@ def guarded_dispatch(stock: Callable[..., Any], step: Step, refuse: str) -> Call
 
     @functools.wraps(stock)
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not step.active:
+            return stock(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         step.size_for(self)
         try:
@@ -406,7 +413,8 @@ def install(width: int, vllm_config: Any = None) -> bool:
     function = current.__func__ if isinstance(current, staticmethod) else current
     if getattr(function, _PATCHED, False):
         return True
-    step = Step(width)
+    global _STEP
+    step = _STEP = Step(width)
     patched = graph_safe_compute(function, step)  # (every wrapper built before any is set)
     if v2:
         engine_graph_ranges_v2.install(step)
@@ -430,9 +438,11 @@ def install(width: int, vllm_config: Any = None) -> bool:
 def watch_resolution() -> bool:
     """Warn once when vLLM, checking the attention backends it picked, narrows a requested FULL
     mode to one that graphs no mixed prefill-decode step (``resolve_cudagraph_mode_and_sizes``,
-    vLLM 0.32+). The buffer is then idle, and a FULL profile buys nothing: vLLM 0.33 on Hopper
-    picks TRITON_FLASH_ATTN for Gemma 4, whose graphs cover single-token decodes only, and turns
-    FULL into FULL_AND_PIECEWISE (torch.compile) or FULL_DECODE_ONLY (twenty-seventh sitting)."""
+    vLLM 0.32+), and switch the installed buffer off: it has no graph to serve, and its per-step
+    range check would only keep steps out of vLLM's other graphs. A FULL profile buys nothing
+    there: vLLM 0.33 on Hopper picks TRITON_FLASH_ATTN for Gemma 4, whose graphs cover
+    single-token decodes only, and turns FULL into FULL_AND_PIECEWISE (torch.compile) or
+    FULL_DECODE_ONLY (twenty-seventh sitting)."""
     try:
         from vllm.config.compilation import CompilationConfig
     except ImportError:
@@ -449,7 +459,11 @@ def watch_resolution() -> bool:
         nonlocal warned
         requested = _mixed_mode_name(getattr(self, "cudagraph_mode", None))
         mode = resolve(self, *args, **kwargs)
-        if requested == "FULL" and _mixed_mode_name(mode) != "FULL" and not warned:
+        if requested != "FULL" or _mixed_mode_name(mode) == "FULL":
+            return mode
+        if _STEP is not None:
+            _STEP.active = False
+        if not warned:
             warned = True
             support = kwargs.get("min_cg_support", args[0] if args else None)
             backend = kwargs.get("min_cg_attn_backend", args[1] if len(args) > 1 else None)
@@ -457,7 +471,8 @@ def watch_resolution() -> bool:
                 "gemma4_batched_encoder: vLLM runs cudagraph_mode %s, not the FULL requested: "
                 "its attention backend %s supports CUDA graphs for %s only, so no step with "
                 "image tokens is replayed from a FULL graph and the graph-safe image-range "
-                "buffer (%s) is idle; FULL graphs of mixed batches need a backend with full "
+                "buffer (%s) is idle: switched off, vLLM's own range tensor and graph dispatch "
+                "serve every step; FULL graphs of mixed batches need a backend with full "
                 "support (vLLM 0.33 on Hopper: --attention-backend TRITON_ATTN)",
                 getattr(mode, "name", mode),
                 backend,

@@ -112,6 +112,8 @@ def windowed_prepare_attn(stock: Callable[..., Any], step: G.Step) -> Callable[.
 
     @functools.wraps(stock)
     def prepare_attn(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not step.active:
+            return stock(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         step.size_for(self)
         try:
@@ -157,7 +159,7 @@ def guarded_dispatch(
     @functools.wraps(stock)
     def dispatch(*args: Any, **kwargs: Any) -> Any:
         runner, scheduler_output = pending.take()
-        if scheduler_output is not None:
+        if scheduler_output is not None and step.active:
             bound = signature.bind(*args, **kwargs)
             try:
                 cache = getattr(runner, "encoder_cache", None)
