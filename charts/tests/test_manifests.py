@@ -129,6 +129,10 @@ def test_compilation_config_and_batched_tokens_render_before_extra_args():
     ]
     # FULL graphs keep the image ranges through the plugin's auto default: nothing to set
     assert "GEMMA4_ENGINE_GRAPH_RANGES" not in env_of(container)
+    # the profile's own extraArgs pin the backend whose graphs take mixed steps whole (vLLM 0.33
+    # on Hopper would pick TRITON_FLASH_ATTN and narrow FULL: twenty-eighth sitting)
+    profile = deployment_container(render("full-cuda-graphs"))["args"]
+    assert profile[-2:] == ["--attention-backend", "TRITON_ATTN"]
     default = deployment_container(render("default"))["args"]
     assert "--compilation-config" not in default and "--max-num-batched-tokens" not in default
 

@@ -686,14 +686,20 @@ def test_notes_warn_without_token_and_follow_metrics_mode():
 
 def test_notes_warn_that_full_graphs_narrow_on_the_images_vllm():
     """vLLM 0.33+ on Hopper narrows FULL to FULL_AND_PIECEWISE for Gemma 4 (TRITON_FLASH_ATTN;
-    twenty-seventh sitting): the FULL profile says so, unless an attention backend is chosen."""
+    twenty-seventh sitting) unless an attention backend is chosen: the FULL profile chooses
+    TRITON_ATTN (twenty-eighth), and the notes warn when a user's extraArgs drop it."""
     warning = "narrows FULL to FULL_AND_PIECEWISE"
     assert warning not in install_dry_run(profile="default")["info"]["notes"]
-    full = install_dry_run(profile="full-cuda-graphs")["info"]["notes"]
-    assert warning in full and "--attention-backend, TRITON_ATTN" in full
+    assert warning not in install_dry_run(profile="full-cuda-graphs")["info"]["notes"]
+    dropped = install_dry_run("server.extraArgs={--max-num-seqs,64}", profile="full-cuda-graphs")[
+        "info"
+    ]["notes"]  # (a list set replaces the profile's, backend and all)
+    assert warning in dropped and "--attention-backend, TRITON_ATTN" in dropped
     lower = install_dry_run("server.compilationConfig.cudagraph_mode=full", profile="default")
     assert warning in lower["info"]["notes"]  # vLLM takes the lower-case spelling too
     chosen = install_dry_run(
-        "server.extraArgs={--attention-backend,TRITON_ATTN}", profile="full-cuda-graphs"
+        "server.compilationConfig.cudagraph_mode=FULL",
+        "server.extraArgs={--attention-backend=TRITON_ATTN}",
+        profile="default",
     )
     assert warning not in chosen["info"]["notes"]
