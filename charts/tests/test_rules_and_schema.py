@@ -691,10 +691,10 @@ def test_notes_warn_that_full_graphs_narrow_on_the_images_vllm():
     warning = "narrows FULL to FULL_AND_PIECEWISE"
     assert warning not in install_dry_run(profile="default")["info"]["notes"]
     assert warning not in install_dry_run(profile="full-cuda-graphs")["info"]["notes"]
-    dropped = install_dry_run("server.extraArgs={--max-num-seqs,64}", profile="full-cuda-graphs")[
-        "info"
-    ]["notes"]  # (a list set replaces the profile's, backend and all)
-    assert warning in dropped and "--attention-backend, TRITON_ATTN" in dropped
+    # a list set replaces the profile's list, backend and all
+    dropped = install_dry_run("server.extraArgs={--max-num-seqs,64}", profile="full-cuda-graphs")
+    assert warning in dropped["info"]["notes"]
+    assert "--attention-backend, TRITON_ATTN" in dropped["info"]["notes"]
     lower = install_dry_run("server.compilationConfig.cudagraph_mode=full", profile="default")
     assert warning in lower["info"]["notes"]  # vLLM takes the lower-case spelling too
     chosen = install_dry_run(
