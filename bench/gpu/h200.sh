@@ -20,6 +20,8 @@
 #                                           (vLLM's own: the negative control)
 #   bench/gpu/h200.sh v2-ranges             then: wait, greedy outputs of each, the FULL ones
 #                                           against eager, the plugin's log lines, refusals
+#                                           (9 files: run it through `packed`, the device
+#                                           returns 8; the twenty-eighth lost a log)
 #   bench/gpu/h200.sh v2-ranges-refusals    then: the buffer-less server replaced by FULL graphs with
 #                                           a buffer of 2 ranges (a video's prefill then runs eager:
 #                                           need_eager), greedy outputs against eager, refusals
