@@ -20,8 +20,8 @@
 #                                           (vLLM's own: the negative control)
 #   bench/gpu/h200.sh v2-ranges             then: wait, greedy outputs of each, the FULL ones
 #                                           against eager, the plugin's log lines, refusals
-#                                           (9 files: run it through `packed`, the device
-#                                           returns 8; the twenty-eighth lost a log)
+#                                           (7 files: the three logs in one v2-logs.tgz, as the
+#                                           device returns 8 a call; the twenty-eighth lost one)
 #   bench/gpu/h200.sh v2-ranges-refusals    then: the buffer-less server replaced by FULL graphs with
 #                                           a buffer of 2 ranges (a video's prefill then runs eager:
 #                                           need_eager), greedy outputs against eager, refusals
@@ -286,6 +286,7 @@ v2-ranges-serve)
 v2-ranges)
   B="$REPO/bench/gpu/h200.sh"
   bash "$B" wait 8001 8002 8003
+  logs=()
   for spec in v2-eager:8001 v2-full:8002 v2-full-off:8003; do
     name="${spec%%:*}" port="${spec##*:}"
     bash "$B" greedy "$name" "$port" v2 || echo "$name: greedy exit $?"
@@ -295,8 +296,9 @@ v2-ranges)
     grep -h "gemma4_batched_encoder: \(image ranges\|cudagraph_mode\|a step with\|vLLM runs\)\|is not supported with" \
       "$(log_of "$port")" | cut -c1-300 || true
     grep "full_graph_refusals_total" "$OUT/$name-metrics.txt" || true
-    gzip -c "$(log_of "$port")" >"$OUT/$name.log.gz"
+    logs+=("$(log_of "$port")")
   done
+  tar -czf "$OUT/v2-logs.tgz" -C /tmp "${logs[@]#/tmp/}" # (serve writes them under /tmp)
   for name in v2-full v2-full-off; do
     echo "$name vs v2-eager: $(python3 "$REPO/bench/greedy_outputs.py" --compare \
       "$OUT/v2-eager-greedy-v2.json" "$OUT/$name-greedy-v2.json" || true)"
