@@ -5,6 +5,8 @@ threads of this process), the check's own cost (vLLM's `get_video_metadata` alon
 frames compared with np.array_equal.
 
     .venv/bin/python bench/media_count_check.py --out bench/results/media/cpu-2core-count-check.json
+    # the image's vLLM 0.33.0 (its loader runs the check on a capture of its own), `make vllm033`:
+    PYTHONPATH=.cache/vllm-0.33.0:.cache/vllm-0.34.0 .venv/bin/python bench/media_count_check.py
 
 Each repetition runs both variants once, in turn, so drift in the machine's load hits both alike.
 Both run with the fast path on (decode threads as it sets them, `GEMMA4_MEDIA_DECODE_THREADS`,
@@ -14,6 +16,7 @@ default 1); "check first" calls vLLM's own `decode_opencv`, so only the check's 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import media_stages as ms
 
 from gemma4_batched_encoder import media
-from gemma4_batched_encoder.media import mp4_plain
+from gemma4_batched_encoder.media import count_check, mp4_plain
 
 CLIPS = (  # frames, width, height, codec
     (6, 854, 480, "mp4v"),
@@ -77,7 +80,7 @@ def main() -> int:
                     wall[name].append(1000 * (t1 - t0))
                     cpu[name].append(1000 * (c1 - c0))
             t0 = time.perf_counter()
-            mixin.get_video_metadata(mixin.open_video_capture(data))
+            count_check.checked_source(mixin, data)  # as this vLLM calls it (0.32 / 0.33+)
             if rep >= args.warmup:
                 check.append(1000 * (time.perf_counter() - t0))
         stock = decoded[VARIANTS[0]]
@@ -96,6 +99,7 @@ def main() -> int:
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "vllm": importlib.metadata.version("vllm"),
         "reps": args.reps,
         "rows": rows,
     }

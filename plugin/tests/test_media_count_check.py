@@ -7,6 +7,7 @@ written against is left alone."""
 from __future__ import annotations
 
 import fractions
+import inspect
 import io
 import struct
 import threading
@@ -131,6 +132,20 @@ def test_unrecognised_decode_left_alone(monkeypatch):
     monkeypatch.setattr(opencv, "decode_opencv", decode_opencv)
     assert count_check.install(lambda: True) is False
     assert opencv.decode_opencv is decode_opencv
+
+
+def test_both_layouts_of_vllms_decode_are_recognised_and_nothing_else():
+    """0.32 hands the check the decode's capture, 0.33-0.34 the bytes (a capture of its own);
+    line breaks do not matter, a missing step or a check without the seek does."""
+    decode = inspect.getsource(getattr(opencv.decode_opencv, "__wrapped__", opencv.decode_opencv))
+    check = inspect.getsource(opencv.OpenCVVideoBackendMixin.get_video_metadata)
+    mine = count_check.recognised(decode, check)
+    assert mine in count_check.LAYOUTS
+    other = "data" if mine == "cap" else "cap"
+    theirs = decode.replace(f"get_video_metadata({mine})", f"get_video_metadata(\n    {other}\n)")
+    assert count_check.recognised(theirs, check) == other
+    assert count_check.recognised(decode.replace("read_frames(", "read_all("), check) is None
+    assert count_check.recognised(decode, check.replace("CAP_PROP_POS_AVI_RATIO", "X")) is None
 
 
 # ---- the check skipped where the container and the decode vouch for the header (mp4_plain) ----

@@ -1,8 +1,9 @@
 """The plugin on the Gemma 4 code of vLLM versions with no CPU build on PyPI: 0.33.0 (the
 image's) and 0.34.0, their CUDA wheels beside .venv (`make vllm033 vllm034`), on this CPU,
 eagerly. The adapter's bit-identity tests against the real upstream methods, the layout gate,
-the image range buffer on Model Runner V2 (0.32-0.33's default on GPUs, 0.34's only runner) and,
-on 0.34, what it changed (vllm034_cases.py) run in a fresh interpreter whose PYTHONPATH puts that
+the image range buffer on Model Runner V2 (0.32-0.33's default on GPUs, 0.34's only runner), the
+media fast path's count check beside the decode on their OpenCV loader and, on 0.34, what it
+changed (vllm034_cases.py) run in a fresh interpreter whose PYTHONPATH puts that
 version and its torch 2.14 first."""
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ SHARED = [
     "test_engine_graph_ranges.py::test_full_narrowed_by_vllms_attention_backend_is_a_warning_once",
     "test_engine_graph_ranges.py::test_no_warning_where_vllm_keeps_what_was_asked_for",
     "test_engine_graph_ranges.py::test_apply_watches_vllms_resolution_only_when_full_is_asked_for",
+    # the count check beside the decode on 0.33+'s loader (the check on a capture of its own)
+    "test_media_count_check.py",
 ]
 # version -> (overlay folders, first wins; cases; passed): none skipped or deselected. The
-# adapter's 13, the layout gate, the V2 range buffer's 10, the narrowed-FULL warning's 4, and on
-# 0.34 vllm034_cases.py's 6.
+# adapter's 13, the layout gate, the V2 range buffer's 10, the narrowed-FULL warning's 4, the
+# count check's 29, and on 0.34 vllm034_cases.py's 6.
 OVERLAYS = {
-    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], SHARED, 28),
-    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 34),
+    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], SHARED, 57),
+    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 63),
 }
 
 

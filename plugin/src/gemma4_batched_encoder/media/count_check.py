@@ -31,9 +31,15 @@ captures, an explicit release in one thread while another thread decodes crashed
 (segfault, reproduced here); dropping the last reference, as vLLM's own 8 media threads do, did
 not.
 
+Two layouts of vLLM's code are mirrored. 0.32 runs the check on the decode's own capture
+(`get_video_metadata(cap)`, which seeks it to the end and back to frame 0). 0.33 and 0.34 (the
+image's vLLM is 0.33) run it on a capture of their own (`get_video_metadata(data)`) and count the
+frames of a header without a count (streamed WebM/MKV) by demuxing; such a clip goes to vLLM's own
+decode here, as do one-frame clips.
+
 Patch ledger: the module attribute `decode_opencv` of vllm/multimodal/video_decoders/opencv.py
 (`decode_video` looks it up by name at each call), only where its body and the metadata check
-are the ones this mirrors (vLLM 0.32; absent before 0.27, where there is no check to move).
+are the ones this mirrors (vLLM 0.32-0.34; absent before 0.27, where there is no check to move).
 """
 
 from __future__ import annotations
@@ -51,15 +57,18 @@ logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
 MODULE = "vllm.multimodal.video_decoders.opencv"
 _PATCHED = "_gemma4_count_check"
-# What decode_opencv does, in order, and the seek this moves off its path.
+# What decode_opencv does, in order (compared without whitespace), and the seek this moves off
+# its path. {capture}: what the metadata check is handed, the decode's capture (0.32) or the
+# bytes, which it opens itself (0.33-0.34).
 _DECODE_STEPS = (
     "OpenCVVideoBackendMixin.open_video_capture(data)",
     "check_frame_pixel_limit(",
-    "loader_cls._prepare_source(OpenCVVideoBackendMixin.get_video_metadata(cap))",
+    "loader_cls._prepare_source(OpenCVVideoBackendMixin.get_video_metadata({capture}))",
     "loader_cls.compute_frames_index_to_sample(",
     "loader_cls.read_frames(",
 )
 _CHECK_SEEK = "cv2.CAP_PROP_POS_AVI_RATIO"
+LAYOUTS = ("cap", "data")
 # As many as vLLM's media threads (VLLM_MEDIA_LOADING_THREAD_COUNT, 8): one check per video
 # being decoded.
 _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gemma4-count-check")
@@ -79,7 +88,30 @@ def header_source(module: Any, cap: Any) -> Any:
 
 def checked_source(mixin: Any, data: bytes) -> Any:
     """vLLM's own metadata, end-of-stream check included, from a capture of its own."""
+    if _layout(mixin.get_video_metadata) == "data":
+        return mixin.get_video_metadata(data)  # 0.33+: opens its own capture
     return mixin.get_video_metadata(mixin.open_video_capture(data))
+
+
+def _layout(get_video_metadata: Callable[..., Any]) -> str:
+    """'data' where vLLM's check takes the bytes (0.33+), 'cap' where it takes a capture."""
+    params = list(inspect.signature(get_video_metadata).parameters)
+    return "data" if params[-1:] == ["data"] else "cap"
+
+
+def _squeezed(source: str) -> str:
+    return "".join(source.split())
+
+
+def recognised(decode_source: str, check_source: str) -> str | None:
+    """The layout whose decode steps and check this mirrors, or None (code not written against)."""
+    if _CHECK_SEEK not in check_source:
+        return None
+    body = _squeezed(decode_source)
+    for layout in LAYOUTS:
+        if all(_squeezed(step.format(capture=layout)) in body for step in _DECODE_STEPS):
+            return layout
+    return None
 
 
 def _overlapped(module: Any, loader_cls: Any, data: bytes, target: Any, sampling_kwargs: dict,
@@ -94,8 +126,9 @@ def _overlapped(module: Any, loader_cls: Any, data: bytes, target: Any, sampling
     )
     header = header_source(module, cap)
     if header.total_frames_num <= 1:
-        # vLLM's check seeks this capture to the end and back to frame 0, after which OpenCV
-        # reads no frame of a one-frame clip: only vLLM's own decode gives its (empty) result.
+        # 0.32: vLLM's check seeks this capture to the end and back to frame 0, after which
+        # OpenCV reads no frame of a one-frame clip: only vLLM's own decode gives its (empty)
+        # result. 0.33+: a header without a count is counted by demuxing, vLLM's own way too.
         return None
     plain = not frame_recovery and mp4_plain.frame_count(data) == header.total_frames_num > 0
     checked = None if plain else _pool.submit(checked_source, mixin, data)
@@ -140,8 +173,11 @@ def install(enabled: Callable[[], bool]) -> bool:
         check_source = inspect.getsource(mixin.get_video_metadata)
     except (OSError, TypeError):
         return False
-    if not all(step in decode_source for step in _DECODE_STEPS) or _CHECK_SEEK not in check_source:
-        logger.info("gemma4 media: vLLM's OpenCV decode differs from 0.32; count check kept first")
+    layout = recognised(decode_source, check_source)
+    if layout is None or layout != _layout(mixin.get_video_metadata):
+        logger.info(
+            "gemma4 media: vLLM's OpenCV decode differs from 0.32-0.34; count check kept first"
+        )
         return False
 
     def decode_opencv(loader_cls: Any, data: bytes, target: Any, sampling_kwargs: dict, *,
