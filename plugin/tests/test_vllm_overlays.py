@@ -2,9 +2,9 @@
 image's) and 0.34.0, their CUDA wheels beside .venv (`make vllm033 vllm034`), on this CPU,
 eagerly. The adapter's bit-identity tests against the real upstream methods, the layout gate,
 the image range buffer on Model Runner V2 (0.32-0.33's default on GPUs, 0.34's only runner), the
-media fast path's count check beside the decode on their OpenCV loader and, on 0.34, what it
-changed (vllm034_cases.py) run in a fresh interpreter whose PYTHONPATH puts that
-version and its torch 2.14 first."""
+media fast path's count check beside the decode on their OpenCV loader, on 0.33 the whole media
+fast path and, on 0.34, what it changed (vllm034_cases.py) run in a fresh interpreter whose
+PYTHONPATH puts that version and its torch 2.14 first."""
 
 from __future__ import annotations
 
@@ -29,11 +29,23 @@ SHARED = [
     # the count check beside the decode on 0.33+'s loader (the check on a capture of its own)
     "test_media_count_check.py",
 ]
+# The media fast path's tests whole on the image's vLLM (its processor, loader and hand-off code;
+# 0.34 changes the hand-off: `mm_device_do_normalize`, vllm034_cases.py).
+MEDIA = [
+    "test_media_install.py",
+    "test_media_fast_processor.py",
+    "test_media_decode.py",
+    "test_media_uint8.py",
+    "test_media_overlap.py",
+    "test_media_source_key.py",
+    "test_media_stages.py",
+    "test_media_guard.py",
+]
 # version -> (overlay folders, first wins; cases; passed): none skipped or deselected. The
 # adapter's 13, the layout gate, the V2 range buffer's 10, the narrowed-FULL warning's 4, the
-# count check's 29, and on 0.34 vllm034_cases.py's 6.
+# count check's 29; on 0.33 the media tests' 142, on 0.34 vllm034_cases.py's 6.
 OVERLAYS = {
-    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], SHARED, 57),
+    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], [*SHARED, *MEDIA], 199),
     "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 63),
 }
 
