@@ -676,10 +676,13 @@ measure)
   if [[ -d "$OUT/sweep-$name/steps" ]]; then
     tar -czf "$OUT/sweep-$name/steps.tgz" -C "$OUT/sweep-$name" steps && rm -rf "$OUT/sweep-$name/steps"
   fi
-  # The plugin's own lines (not the per-process registration ones, which fill the first screen
-  # with 8 API servers), vLLM's start-up milestones and any error.
-  grep -E "ERROR|Traceback|gemma4_batched_encoder|exact mode|fast mode|fused|Graph capturing|KV cache size|init engine|CUDA graph" \
-    "/tmp/vllm-$name.log" | grep -v "registered" | head -40 >"$OUT/$name-log-excerpt.txt" || true
+  # The plugin's own lines (the media hooks' included: which are on is the first thing to check;
+  # the twenty-ninth sitting's count check was off on 0.33), vLLM's start-up milestones and any
+  # error; a line every API server logs alike (registration, media hooks) once.
+  grep -E "ERROR|Traceback|gemma4_batched_encoder|gemma4 media|exact mode|fast mode|fused|Graph capturing|KV cache size|init engine|CUDA graph" \
+    "/tmp/vllm-$name.log" | grep -v "registered" | awk '{
+      k = $0; sub(/^\([^)]*\) [A-Z]+ [0-9-]+ [0-9:]+ /, "", k); if (!seen[k]++) print
+    }' | head -40 >"$OUT/$name-log-excerpt.txt" || true
   save_metrics "$port" "$OUT/$name-metrics.txt"
   ;;
 profile)
