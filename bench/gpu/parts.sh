@@ -37,6 +37,9 @@ for part in "$ROOT"/.whl/split/part-*; do
   mv "$part" "$dir/"
 done
 rmdir "$ROOT/.whl/split"
+# setuptools reuses an in-tree build/ (ignored by git): a module deleted from the tree would
+# still ride along in the wheel being measured
+rm -rf "$ROOT/plugin/build" "$ROOT/loadtest/build"
 python3 -m pip wheel -q --no-deps -w "$dir" "$ROOT/plugin" "$ROOT/loadtest"
 du -sh "$ROOT"/.whl/p* | tr '\n' ' '
 echo

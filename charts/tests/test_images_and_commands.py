@@ -278,6 +278,31 @@ def test_dockerfiles_match_the_packages():
     assert 'ENTRYPOINT ["slo-loadtest"]' in (IMAGES / "Dockerfile.loadtest").read_text()
 
 
+def test_build_context_holds_what_the_dockerfiles_copy_and_no_build_leftovers():
+    """.dockerignore (Docker and buildah): everything out, then exactly the Dockerfiles' COPY
+    sources back in, then the in-tree build/ folders a local `pip wheel` leaves out again
+    (setuptools would put their stale modules into the image's wheel)."""
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    included = [line[1:].rstrip("/") for line in lines if line.startswith("!")]
+    copied = set()
+    for dockerfile in ("Dockerfile", "Dockerfile.loadtest"):
+        for args in re.findall(r"^COPY\s+(.*)$", (IMAGES / dockerfile).read_text(), flags=re.M):
+            words = [w for w in args.split() if not w.startswith("--")]
+            if "--from=" not in args:
+                copied.update(w.rstrip("/") for w in words[:-1])
+    assert set(included) == copied, (included, copied)
+    for path in copied:
+        assert (ROOT / path).exists(), path
+    last_include = max(i for i, line in enumerate(lines) if line.startswith("!"))
+    for leftover in ("plugin/build", "loadtest/build"):
+        assert lines.index(leftover) > last_include, leftover
+
+
 def test_gpu_sittings_serve_the_plugin_as_the_chart_configures_it():
     """bench/gpu/h200.sh's CHART_ENV (the GPU sittings' "chart configuration") is the plugin
     environment the chart's default Deployment sets from server.pluginEnv, no more, no less."""
