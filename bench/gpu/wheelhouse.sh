@@ -32,7 +32,7 @@ for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2
   manylinux_2_24 manylinux_2_18 manylinux_2_17 manylinux2014 manylinux1; do
   PLATFORMS+=(--platform "${p}_x86_64")
 done
-export PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_CONSTRAINT=
+export PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS='' PIP_CONSTRAINT=''
 mkdir -p "$OUT"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
@@ -87,7 +87,8 @@ fi
 # 2. download exactly those wheels
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
   --implementation cp "${PLATFORMS[@]}" -d "$OUT" -r "$TMP/pins.txt"
-# 3. this repo's packages (pure Python)
+# 3. this repo's packages (pure Python), without a stale in-tree build/ (setuptools reuses it)
+rm -rf "$ROOT/plugin/build" "$ROOT/loadtest/build"
 python3 -m pip wheel -q --no-deps -w "$OUT" "$ROOT/plugin" "$ROOT/loadtest"
 cp "$TMP/pins.txt" "$OUT/PINS.txt"
 echo "wheelhouse: $(find "$OUT" -name '*.whl' | wc -l) wheels, $(du -sh "$OUT" | cut -f1) in $OUT"
