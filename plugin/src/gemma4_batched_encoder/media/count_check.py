@@ -44,6 +44,7 @@ are the ones this mirrors (vLLM 0.32-0.34; absent before 0.27, where there is no
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
@@ -93,6 +94,7 @@ def checked_source(mixin: Any, data: bytes) -> Any:
     return mixin.get_video_metadata(mixin.open_video_capture(data))
 
 
+@functools.cache  # checked_source asks for every video; the answer is fixed per vLLM
 def _layout(get_video_metadata: Callable[..., Any]) -> str:
     """'data' where vLLM's check takes the bytes (0.33+), 'cap' where it takes a capture."""
     params = list(inspect.signature(get_video_metadata).parameters)
