@@ -86,6 +86,10 @@
 #                                           the processor's resize as integer ops on the GPU
 #                                           (HOST_CHECKS=1: only the last two); 9 files: run it
 #                                           through `packed`
+#   bench/gpu/h200.sh nvdec-cpu             vLLM's NVDEC video backend (PyNvVideoCodec) against its
+#                                           OpenCV decode, with and without the plugin, per video:
+#                                           wall and CPU, CUDA's default and blocking-sync
+#                                           scheduling (bench/nvdec_cpu.py; ~1 min, no server)
 #   bench/gpu/h200.sh measure NAME PORT RATES DURATION   greedy outputs, TTFT gap + bursts,
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
@@ -511,6 +515,11 @@ host)
   # preprocessing; NVDEC itself is settled: bench/nvdec_exact.py, nineteenth sitting)
   python3 bench/resize_exact.py --device cuda --out "$OUT/resize-exact-cuda.json" >/dev/null ||
     echo "resize on cuda: exit $?"
+  ;;
+nvdec-cpu)
+  cd "$REPO"
+  python3 bench/nvdec_cpu.py --out "$OUT/nvdec-cpu.json" | tee "$OUT/nvdec-cpu.txt" ||
+    echo "nvdec-cpu: exit $?"
   ;;
 serve)
   name="${1:?name}" port="${2:?port}"
