@@ -13,15 +13,20 @@ backend against vLLM's default (OpenCV) on the same bytes, through the same load
 - with CUDA's default scheduling (spin while the GPU works, as an API server's torch does) and
   with CU_CTX_SCHED_BLOCKING_SYNC set on the device's primary context before anything creates it
   (a wait then sleeps until the GPU signals);
-- the frames against OpenCV's (NVDEC's colour conversion is not swscale's: bench/MEDIA.md).
+- the frames against OpenCV's (NVDEC's colour conversion is not swscale's: bench/MEDIA.md);
+- `opencv+plugin`: vLLM's OpenCV decode with the plugin's media fast path installed in the
+  process, as the chart serves it (one FFmpeg thread, OpenCV's pool at one thread, the
+  frame-count check beside the decode).
 
     python bench/nvdec_cpu.py [--reps 20] [--warmup 3] [--out results.json]
 
 Clips: the SLO load test's (slo-loadtest's generator, 6 frames 854x480) as MPEG-4 Part 2 and as
-H.264. Each (backend, scheduling) runs in a fresh child process: a context's scheduling flag is
-fixed when it is created. Needs vLLM 0.33+ (the backend's `backend=` argument) and, for NVDEC,
-PyNvVideoCodec and a CUDA device; a configuration that cannot run is reported with its error,
-the others still run. Exits 1 only when no configuration ran.
+H.264 (`--codecs`); a clip a backend refuses is reported with its error (vLLM 0.33's NVDEC
+backend refuses the MPEG-4 Part 2 clip: thirtieth sitting). Each (backend, scheduling) runs in a
+fresh child process: a context's scheduling flag is fixed when it is created. Needs vLLM 0.33+
+(the backend's `backend=` argument) and, for NVDEC, PyNvVideoCodec and a CUDA device; a
+configuration that cannot run is reported with its error, the others still run. Exits 1 only
+when no clip decoded in any configuration.
 """
 
 from __future__ import annotations
@@ -102,7 +107,33 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def child(backend: str, sched: str, clips_dir: Path, reps: int, warmup: int) -> dict[str, Any]:
+def _time_clip(loader: Any, backend: str, data: bytes, reps: int, warmup: int) -> dict[str, Any]:
+    """The first decode, then `reps` after `warmup`: wall and CPU ms, and the last frames."""
+    import numpy as np
+
+    walls, cpus, frames, first = [], [], None, {}
+    for i in range(1 + warmup + reps):
+        wall, cpu = time.perf_counter(), time.process_time()
+        frames, _meta = loader.load_bytes(data, num_frames=32, backend=backend)
+        wall, cpu = (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
+        if i == 0:
+            first = {"wall_ms": round(wall, 3), "cpu_ms": round(cpu, 3)}
+        elif i > warmup:
+            walls.append(wall)
+            cpus.append(cpu)
+    frames = np.asarray(frames)
+    return {
+        "first": first,
+        "wall_ms": _stats(walls),
+        "cpu_ms": _stats(cpus),
+        "frames_shape": list(frames.shape),
+        "frames": frames,
+    }
+
+
+def child(
+    backend: str, sched: str, clips_dir: Path, codecs: list[str], reps: int, warmup: int
+) -> dict[str, Any]:
     """One configuration in this (fresh) process: per clip, the first decode and the warm ones."""
     import numpy as np
 
@@ -119,26 +150,14 @@ def child(backend: str, sched: str, clips_dir: Path, reps: int, warmup: int) -> 
             raise RuntimeError("the plugin's media fast path did not install on this vLLM")
     loader = VIDEO_LOADER_REGISTRY.load("opencv")  # the loader class; the codec is `backend=`
     out: dict[str, Any] = {"backend": name, "sched": sched, "clips": {}}
-    for codec in CODECS:
+    for codec in codecs:
         data = (clips_dir / f"{codec}.mp4").read_bytes()
-        walls, cpus, frames = [], [], None
-        for i in range(1 + warmup + reps):
-            wall, cpu = time.perf_counter(), time.process_time()
-            frames, _meta = loader.load_bytes(data, num_frames=32, backend=backend)
-            wall, cpu = (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
-            if i == 0:
-                first = {"wall_ms": round(wall, 3), "cpu_ms": round(cpu, 3)}
-            elif i > warmup:
-                walls.append(wall)
-                cpus.append(cpu)
-        frames = np.asarray(frames)
-        np.save(clips_dir / f"{codec}-{name}-{sched}.npy", frames)
-        out["clips"][codec] = {
-            "first": first,
-            "wall_ms": _stats(walls),
-            "cpu_ms": _stats(cpus),
-            "frames_shape": list(frames.shape),
-        }
+        try:
+            out["clips"][codec] = _time_clip(loader, backend, data, reps, warmup)
+        except Exception as e:  # a clip the backend refuses is a result; the next still runs
+            out["clips"][codec] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        np.save(clips_dir / f"{codec}-{name}-{sched}.npy", out["clips"][codec].pop("frames"))
     if backend == "pynvvideocodec":
         out["primary_context"] = primary_context_state()
         import torch
@@ -167,12 +186,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument(
+        "--codecs", default=",".join(CODECS), help="comma-separated, of " + ", ".join(CODECS)
+    )
+    parser.add_argument(
         "--child", nargs=3, metavar=("BACKEND", "SCHED", "DIR"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
+    codecs = [c for c in args.codecs.split(",") if c]
+    if not codecs or set(codecs) - set(CODECS):
+        parser.error(f"--codecs: one or more of {', '.join(CODECS)}, got {args.codecs!r}")
     if args.child:
         backend, sched, clips_dir = args.child
-        print(json.dumps(child(backend, sched, Path(clips_dir), args.reps, args.warmup)))
+        print(json.dumps(child(backend, sched, Path(clips_dir), codecs, args.reps, args.warmup)))
         return
     import numpy as np
 
@@ -190,7 +215,7 @@ def main() -> None:
         raise SystemExit(f"nvdec_cpu: vLLM is not installed ({e}); not run") from e
     with tempfile.TemporaryDirectory() as tmp:
         clips_dir = Path(tmp)
-        for codec in CODECS:
+        for codec in codecs:
             (clips_dir / f"{codec}.mp4").write_bytes(slo_clip(codec))
         for backend, sched in CONFIGS:
             cmd = [
@@ -200,6 +225,8 @@ def main() -> None:
                 str(args.reps),
                 "--warmup",
                 str(args.warmup),
+                "--codecs",
+                ",".join(codecs),
                 "--child",
                 backend,
                 sched,
@@ -218,12 +245,16 @@ def main() -> None:
             result = json.loads(run.stdout.strip().splitlines()[-1])
             for codec, clip in result["clips"].items():
                 ref = clips_dir / f"{codec}-opencv-default.npy"
-                if backend != "opencv" and ref.exists():
+                if backend != "opencv" and ref.exists() and "error" not in clip:
                     clip["vs_opencv"] = frame_diff(
                         np.load(clips_dir / f"{codec}-{backend}-{sched}.npy"), np.load(ref)
                     )
             report["configs"].append(result)
-    ran = [c for c in report["configs"] if "error" not in c]
+    ran = [
+        c
+        for c in report["configs"]
+        if any("error" not in clip for clip in c.get("clips", {}).values())
+    ]
     print(
         f"{'backend':16} {'sched':9} {'codec':6} {'wall ms':>8} {'CPU ms':>8} "
         f"{'first wall/CPU':>16}  frames vs OpenCV"
@@ -234,6 +265,9 @@ def main() -> None:
             print(f"{c['backend']:16} {c['sched']:9} error: {last}")
             continue
         for codec, clip in c["clips"].items():
+            if "error" in clip:
+                print(f"{c['backend']:16} {c['sched']:9} {codec:6} error: {clip['error']}")
+                continue
             first = f"{clip['first']['wall_ms']:.1f}/{clip['first']['cpu_ms']:.1f}"
             diff = clip.get("vs_opencv", {})
             print(
