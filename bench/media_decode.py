@@ -1,6 +1,9 @@
 """vLLM's OpenCV video decode with FFmpeg's default threads (one per core) vs the media fast path's
-`GEMMA4_MEDIA_DECODE_THREADS` (1, 2, 4), side by side in one run on the same clips: wall time and
-CPU time (all threads of this process) per video, the frames compared with np.array_equal.
+`GEMMA4_MEDIA_DECODE_THREADS` (1, 2, 4), and with one FFmpeg thread and OpenCV's own pool at one
+thread (`GEMMA4_MEDIA_CV2_THREADS=1`, the fast path's default since the thirtieth sitting; the other
+variants keep OpenCV's default pool, one worker per core), side by side in one run on the same
+clips: wall time and CPU time (all threads of this process) per video, the frames compared with
+np.array_equal.
 
     .venv/bin/python bench/media_decode.py --out bench/results/media/cpu-2core-decode.json
 
@@ -32,6 +35,7 @@ import media_stages as ms
 from gemma4_batched_encoder.media import decode
 
 STOCK = "stock (FFmpeg default)"
+SEQUENTIAL = "threads=1, OpenCV pool 1"
 CLIPS = (  # frames, width, height, codec
     (6, 854, 480, "mp4v"),
     (6, 1280, 720, "mp4v"),
@@ -51,7 +55,13 @@ def variants() -> dict[str, Callable[[Any, bytes], Any]]:
         out[f"threads={n}"] = lambda cls, data, n=n: decode.open_capture(
             data, cls.get_cv2_video_api(), n
         )
+    out[SEQUENTIAL] = out["threads=1"]
     return out
+
+
+def pool_threads(name: str, default: int) -> int:
+    """OpenCV's pool for a variant: one thread for SEQUENTIAL, OpenCV's default for the others."""
+    return 1 if name == SEQUENTIAL else default
 
 
 def _spin() -> None:
@@ -60,6 +70,9 @@ def _spin() -> None:
 
 
 def measure(loader: Any, mixin: Any, impls: dict[str, Any], reps: int, warmup: int) -> list[dict]:
+    import cv2
+
+    default_pool = cv2.getNumThreads()
     rows = []
     for frames, width, height, fourcc in CLIPS:
         data = ms.realistic_mp4(1, frames=frames, width=width, height=height, fourcc=fourcc)
@@ -69,6 +82,7 @@ def measure(loader: Any, mixin: Any, impls: dict[str, Any], reps: int, warmup: i
         for rep in range(warmup + reps):
             for name, fn in impls.items():
                 mixin.open_video_capture = classmethod(fn)
+                cv2.setNumThreads(pool_threads(name, default_pool))
                 t0, c0 = time.perf_counter(), time.process_time()
                 out, _ = loader.load_bytes(data, num_frames=32)
                 t1, c1 = time.perf_counter(), time.process_time()
@@ -76,6 +90,7 @@ def measure(loader: Any, mixin: Any, impls: dict[str, Any], reps: int, warmup: i
                 if rep >= warmup:
                     wall[name].append(1000 * (t1 - t0))
                     cpu[name].append(1000 * (c1 - c0))
+        cv2.setNumThreads(default_pool)
         reference = decoded[STOCK]
         rows.append(
             {

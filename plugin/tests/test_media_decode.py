@@ -1,6 +1,7 @@
-"""The media fast path's decode-thread setting: vLLM's real OpenCV loader gives the same frames with
-one FFmpeg thread as with its default, the capture really gets the setting, and code this was not
-written against is left alone."""
+"""The media fast path's decode-thread settings: vLLM's real OpenCV loader gives the same frames
+with one FFmpeg thread as with its default, and with OpenCV's pool at one thread as at one per
+core; the capture and the pool really get the settings; code this was not written against is
+left alone."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ def test_the_capture_gets_the_thread_count(installed) -> None:
         assert default > 1  # OpenCV's own default: one per core
 
 
+def test_opencv_pool_runs_sequentially_with_the_same_frames(installed) -> None:
+    # install() ran with the fast path requested (the default) and GEMMA4_MEDIA_CV2_THREADS unset
+    assert cv2.getNumThreads() == 1
+    data = media_files.mp4_bytes(6, 854, 480, seed=5)
+    media.set_fast_path(True)
+    try:
+        cv2.setNumThreads(-1)  # OpenCV's default: one worker per core
+        pooled = cv2.getNumThreads()
+        wide, wide_meta = load(data)
+    finally:
+        assert decode.set_cv2_threads(1)
+    one, one_meta = load(data)
+    if (os.cpu_count() or 1) > 1:
+        assert pooled > 1
+    assert one.shape == (6, 480, 854, 3)
+    assert np.array_equal(wide, one)
+    assert wide_meta == one_meta
+
+
 def test_undecodable_bytes_fail_as_before(installed) -> None:
     errors = []
     for fast in (False, True):
@@ -73,6 +93,14 @@ def test_env_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     for value, want in (("0", 0), ("1", 1), ("3", 3), (" 2 ", 2), ("x", 1), ("-1", 1)):
         monkeypatch.setenv(decode.ENV_DECODE_THREADS, value)
         assert decode.decode_threads() == want
+    monkeypatch.delenv(decode.ENV_CV2_THREADS, raising=False)
+    assert decode.cv2_threads() == 1
+    for value, want in (("0", 0), ("4", 4), ("many", 1)):
+        monkeypatch.setenv(decode.ENV_CV2_THREADS, value)
+        assert decode.cv2_threads() == want
+    before = cv2.getNumThreads()
+    assert decode.set_cv2_threads(0) is False  # 0: OpenCV's own setting, untouched
+    assert cv2.getNumThreads() == before
 
 
 def test_unrecognised_open_and_zero_threads_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:

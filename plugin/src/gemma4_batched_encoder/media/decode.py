@@ -1,4 +1,4 @@
-"""FFmpeg decode threads for vLLM's OpenCV video loader (issue 8).
+"""FFmpeg decode threads and OpenCV's own thread pool for vLLM's OpenCV video loader (issue 8).
 
 vLLM opens every request's video with `cv2.VideoCapture(BytesIO(data), api, [])`, so FFmpeg
 starts its default number of decode threads (one per core, up to 16) for each video, in every API
@@ -8,6 +8,15 @@ less CPU; 720p and 32-frame clips took up to 16% longer. So the default is 1, fo
 server of short clips; 0 gives FFmpeg's default back (longer or larger videos, idle cores).
 FFmpeg's decoders are exact whatever the thread count: the frames are the same (tested with
 vLLM's loader, mp4v and VP9).
+
+OpenCV's own pool is another matter: vLLM's loader converts every frame with `cv2.cvtColor`,
+which OpenCV splits over one worker per core, and the workers spin between calls. With one FFmpeg
+thread a 6-frame 854x480 clip cost 20.4 ms of CPU for 9.1 ms of wall on a 16-core H200 host
+(fourth sitting) and 17.6 for 7.8 (thirtieth): about 10 ms of spinning a video, in every API
+server at once. `GEMMA4_MEDIA_CV2_THREADS` (default 1: OpenCV runs its functions sequentially;
+0 leaves OpenCV's default) sets the pool when the media fast path is installed on; it is
+process-wide (`cv2.setNumThreads`), so it is not undone when the fast path is switched off later.
+A per-pixel channel swap gives the same bytes on any thread count (tested).
 
 `GEMMA4_MEDIA_DECODE_THREADS` (default 1; 0 leaves OpenCV's default) applies while the media fast
 path is on; the same patched open hands each capture to the decode overlap when that is on
@@ -31,6 +40,7 @@ from .env import thread_count
 logger = logging.getLogger("vllm.gemma4_batched_encoder.media")
 
 ENV_DECODE_THREADS = "GEMMA4_MEDIA_DECODE_THREADS"
+ENV_CV2_THREADS = "GEMMA4_MEDIA_CV2_THREADS"
 # What upstream's open_video_capture does (0.20 through 0.32): open with no parameters.
 _UPSTREAM_OPEN = "cv2.VideoCapture(BytesIO(data), backend, [])"
 _PATCHED = "_gemma4_decode_threads"
@@ -39,6 +49,21 @@ _PATCHED = "_gemma4_decode_threads"
 def decode_threads() -> int:
     """`GEMMA4_MEDIA_DECODE_THREADS`: FFmpeg threads per video (default 1, 0 = OpenCV's)."""
     return thread_count(ENV_DECODE_THREADS)
+
+
+def cv2_threads() -> int:
+    """`GEMMA4_MEDIA_CV2_THREADS`: OpenCV's thread pool (default 1, 0 = OpenCV's: one per core)."""
+    return thread_count(ENV_CV2_THREADS)
+
+
+def set_cv2_threads(threads: int) -> bool:
+    """`cv2.setNumThreads(threads)` for this process (threads > 0); False where left alone."""
+    if threads <= 0:
+        return False
+    import cv2
+
+    cv2.setNumThreads(threads)
+    return True
 
 
 def find_mixin() -> Any | None:
