@@ -103,10 +103,14 @@ def test_empty_media_values_are_the_defaults(monkeypatch, caplog):
         "GEMMA4_MEDIA_FAST_PATH",
         "GEMMA4_MEDIA_TORCH_THREADS",
         "GEMMA4_MEDIA_FRAME_THREADS",
+        "GEMMA4_MEDIA_CV2_THREADS",
     ):
         monkeypatch.setenv(name, "")
     assert media.fast_path_requested() is True
     assert media.media_torch_threads() == 1 and media.media_frame_threads() == 1
+    from gemma4_batched_encoder.media import decode
+
+    assert decode.cv2_threads() == 1
     assert not [r for r in caplog.records if "GEMMA4_MEDIA" in r.getMessage()]  # no warning
     monkeypatch.setenv("GEMMA4_MEDIA_TORCH_THREADS", "many")
     assert media.media_torch_threads() == 1
