@@ -24,7 +24,8 @@ API-server ("frontend") processes, so only there does it patch anything:
   same frames, less time and CPU);
 - with the fast path on at install, OpenCV's own thread pool, which splits the loader's colour
   conversion over one spinning worker per core, is set to `GEMMA4_MEDIA_CV2_THREADS` (default 1;
-  `decode`: same frames, ~10 ms less CPU a video on a 16-core host);
+  `decode`: same frames; the pool cost ~10 ms of CPU beyond the wall time a video on 16-core
+  hosts, with one thread CPU equals wall on 2 cores);
 - with the fast path on, on vLLM before 0.27, a video's cache key is hashed from its container
   bytes instead of its decoded frames (`source_key`: same tensors, 1-2 ms less per video);
 - with the fast path on, on vLLM 0.27+, the OpenCV loader's frame-count check (an end-of-stream

@@ -12,8 +12,9 @@ vLLM's loader, mp4v and VP9).
 OpenCV's own pool is another matter: vLLM's loader converts every frame with `cv2.cvtColor`,
 which OpenCV splits over one worker per core, and the workers spin between calls. With one FFmpeg
 thread a 6-frame 854x480 clip cost 20.4 ms of CPU for 9.1 ms of wall on a 16-core H200 host
-(fourth sitting) and 17.6 for 7.8 (thirtieth): about 10 ms of spinning a video, in every API
-server at once. `GEMMA4_MEDIA_CV2_THREADS` (default 1: OpenCV runs its functions sequentially;
+(fourth sitting) and 17.6 for 7.8 (thirtieth): about 10 ms of CPU beyond the wall time a video,
+in every API server at once (with one thread, CPU equalled wall on 2 cores; not yet measured on
+16). `GEMMA4_MEDIA_CV2_THREADS` (default 1: OpenCV runs its functions sequentially;
 0 leaves OpenCV's default) sets the pool when the media fast path is installed on; it is
 process-wide (`cv2.setNumThreads`), so it is not undone when the fast path is switched off later.
 A per-pixel channel swap gives the same bytes on any thread count (tested).
