@@ -82,9 +82,10 @@
 #   bench/gpu/h200.sh host                  media benchmarks on this host's CPUs with its vLLM:
 #                                           decode threads, one request's profile, the frame call,
 #                                           the video cache key, the decode breakdown, the decode
-#                                           overlap, swscale's yuv->rgb as tensor ops (cpu, cuda),
+#                                           overlap, OpenCV's pool (bench/cv2_pool.py), swscale's
+#                                           yuv->rgb as tensor ops (cpu, cuda),
 #                                           the processor's resize as integer ops on the GPU
-#                                           (HOST_CHECKS=1: only the last two); 9 files: run it
+#                                           (HOST_CHECKS=1: only the last two); 10 files: run it
 #                                           through `packed`
 #   bench/gpu/h200.sh nvdec-cpu             vLLM's NVDEC video backend (PyNvVideoCodec) against its
 #                                           OpenCV decode, with and without the plugin, per video:
@@ -500,6 +501,9 @@ host)
     python3 bench/media_frame_call.py --model "$MODEL_DIR" --out "$OUT/media-frame-call.json" ||
       echo "frame call: exit $?"
     python3 bench/media_decode.py --reps 9 --out "$OUT/media-decode.json" || echo "decode: exit $?"
+    # OpenCV's own pool at its default (one worker per core) against one thread, idle and with 8
+    # spinning processes (GEMMA4_MEDIA_CV2_THREADS; thirtieth sitting: 17.6 ms of CPU, 7.8 of wall)
+    python3 bench/cv2_pool.py --reps 30 --busy 8 --out "$OUT/cv2-pool.json" || echo "cv2 pool: exit $?"
     python3 bench/decode_breakdown.py --out "$OUT/decode-breakdown.json" || echo "breakdown: exit $?"
     python3 bench/media_overlap.py --model "$MODEL_DIR" --out "$OUT/media-overlap.json" ||
       echo "overlap: exit $?"
