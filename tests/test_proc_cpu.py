@@ -14,7 +14,8 @@ import proc_cpu
 # A process with one spinning thread beside an idle one (named, as vLLM's threads are).
 CHILD = """
 import threading, time
-threading.Thread(target=time.sleep, args=(60,), name="idle", daemon=True).start()
+for _ in range(11):  # with the main thread 12 in all: 8 listed, 4 summed as the others
+    threading.Thread(target=time.sleep, args=(60,), name="idle", daemon=True).start()
 end = time.perf_counter() + 60
 while time.perf_counter() < end:
     pass
@@ -37,8 +38,12 @@ def test_cpu_per_process_and_thread_of_real_processes() -> None:
     assert 50 < by_pid[busy.pid]["cpu_percent"] < 110  # one core, on a shared 2-core machine
     assert by_pid[idle.pid]["cpu_percent"] < 10
     threads = by_pid[busy.pid]["threads"]
-    assert len(threads) == 2 and threads[0]["cpu_percent"] > 50  # the spinning main thread first
-    assert threads[1]["cpu_percent"] < 10
+    assert len(threads) == 8 and threads[0]["cpu_percent"] > 50  # the spinning main thread first
+    assert all(t["cpu_percent"] < 10 for t in threads[1:])
+    others = by_pid[busy.pid]["other_threads"]
+    assert others["count"] == 4 and others["cpu_percent"] < 10
+    total = sum(t["cpu_percent"] for t in threads) + others["cpu_percent"]
+    assert abs(total - by_pid[busy.pid]["cpu_percent"]) < 1e-6
     assert result["processes"][0]["pid"] == busy.pid  # busiest first
     assert "python" in by_pid[busy.pid]["title"] and "\n" not in by_pid[busy.pid]["title"]
     assert result["gpu_utilization"] is None  # no nvidia-smi here
