@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import platform
 import statistics
@@ -29,6 +28,9 @@ from typing import Any
 
 import cv2
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_regimes import print_table, spinning
 
 
 def decode(data_path: str) -> np.ndarray:
@@ -44,11 +46,6 @@ def decode(data_path: str) -> np.ndarray:
         frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
     cap.release()
     return np.stack(frames)
-
-
-def _spin() -> None:
-    while True:
-        pass
 
 
 def measure(clips: list[Path], reps: int, warmup: int, default_pool: int) -> list[dict[str, Any]]:
@@ -82,14 +79,14 @@ def measure(clips: list[Path], reps: int, warmup: int, default_pool: int) -> lis
 
 
 def slo_clips(tmp: Path) -> list[Path]:
-    from slo_loadtest.media import write_video
+    """The SLO clip (slo-loadtest's generator, as decode_breakdown.py makes it) in both codecs."""
+    from decode_breakdown import slo_clip
 
-    return [
-        write_video(
-            tmp / f"slo-{codec}.mp4", 1, frames=6, width=854, height=480, fps=2, seed=0, codec=codec
-        )
-        for codec in ("mpeg4", "h264")
-    ]
+    paths = []
+    for codec in ("mpeg4", "h264"):
+        paths.append(tmp / f"slo-{codec}.mp4")
+        paths[-1].write_bytes(slo_clip(codec))
+    return paths
 
 
 def main() -> None:
@@ -105,30 +102,17 @@ def main() -> None:
         clips = args.clip or slo_clips(Path(tmp))
         regimes = {"idle": measure(clips, args.reps, args.warmup, default_pool)}
         if args.busy > 0:
-            spinners = [
-                multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)
-            ]
-            for p in spinners:
-                p.start()
-            try:
+            with spinning(args.busy):
                 regimes[f"busy ({args.busy} spinning processes)"] = measure(
                     clips, args.reps, args.warmup, default_pool
                 )
-            finally:
-                for p in spinners:
-                    p.terminate()
     for regime, rows in regimes.items():
-        print(f"\n{regime}: median ms a video, wall / CPU (all threads of this process)")
-        names = list(rows[0]["wall_ms"])
-        print("| clip | " + " | ".join(names) + " | frames identical |")
-        print("|---" * (len(names) + 2) + "|")
-        for r in rows:
-            cells = [f"{r['wall_ms'][k]:.1f} / {r['cpu_ms'][k]:.1f}" for k in names]
-            print(
-                f"| {r['clip']} ({r['frames']} frames) | "
-                + " | ".join(cells)
-                + f" | {r['identical']} |"
-            )
+        print_table(
+            regime,
+            rows,
+            list(rows[0]["wall_ms"]),
+            label=lambda r: f"{r['clip']} ({r['frames']} frames)",
+        )
     if args.out:
         result = {
             "tool": "bench/cv2_pool.py",

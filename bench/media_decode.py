@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import multiprocessing
 import os
 import platform
 import statistics
@@ -31,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import media_stages as ms
+from cpu_regimes import print_table, spinning
 
 from gemma4_batched_encoder.media import decode
 
@@ -62,11 +62,6 @@ def variants() -> dict[str, Callable[[Any, bytes], Any]]:
 def pool_threads(name: str, default: int) -> int:
     """OpenCV's pool for a variant: one thread for SEQUENTIAL, OpenCV's default for the others."""
     return 1 if name == SEQUENTIAL else default
-
-
-def _spin() -> None:
-    while True:
-        pass
 
 
 def measure(loader: Any, mixin: Any, impls: dict[str, Any], reps: int, warmup: int) -> list[dict]:
@@ -104,15 +99,6 @@ def measure(loader: Any, mixin: Any, impls: dict[str, Any], reps: int, warmup: i
     return rows
 
 
-def print_table(regime: str, rows: list[dict], names: list[str]) -> None:
-    print(f"\n{regime}: median ms per video, wall / CPU (all threads of this process)")
-    print("| clip | " + " | ".join(names) + " | frames identical |")
-    print("|---" * (len(names) + 2) + "|")
-    for r in rows:
-        cells = [f"{r['wall_ms'][k]:.1f} / {r['cpu_ms'][k]:.1f}" for k in names]
-        print(f"| {r['clip']} | " + " | ".join(cells) + f" | {r['identical']} |")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=15)
@@ -132,14 +118,8 @@ def main() -> None:
     regimes: dict[str, list[dict]] = {}
     try:
         regimes["idle"] = measure(loader, mixin, impls, args.reps, args.warmup)
-        spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
-        for p in spinners:
-            p.start()
-        try:
+        with spinning(args.busy):
             regimes["busy"] = measure(loader, mixin, impls, args.reps, args.warmup)
-        finally:
-            for p in spinners:
-                p.terminate()
     finally:
         mixin.open_video_capture = classmethod(impls[STOCK])
     for regime, rows in regimes.items():

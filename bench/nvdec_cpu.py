@@ -88,16 +88,6 @@ def primary_context_state(device: int = 0) -> dict[str, int]:
     return {"flags": flags.value, "active": active.value}
 
 
-def slo_clip(codec: str) -> bytes:
-    from slo_loadtest.media import write_video
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_video(
-            Path(tmp) / "v.mp4", 1, frames=6, width=854, height=480, fps=2, seed=0, codec=codec
-        )
-        return path.read_bytes()
-
-
 def _stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
@@ -213,6 +203,9 @@ def main() -> None:
         report["vllm"] = vllm.__version__
     except ImportError as e:
         raise SystemExit(f"nvdec_cpu: vLLM is not installed ({e}); not run") from e
+    sys.path.insert(0, str(Path(__file__).parent))
+    from decode_breakdown import slo_clip  # the SLO clip as the other decode benchmarks make it
+
     with tempfile.TemporaryDirectory() as tmp:
         clips_dir = Path(tmp)
         for codec in codecs:
