@@ -47,3 +47,39 @@ def test_cpu_per_process_and_thread_of_real_processes() -> None:
     assert result["processes"][0]["pid"] == busy.pid  # busiest first
     assert "python" in by_pid[busy.pid]["title"] and "\n" not in by_pid[busy.pid]["title"]
     assert result["gpu_utilization"] is None  # no nvidia-smi here
+
+
+SPIN = """
+import os, time
+os.sched_setaffinity(0, {%d})
+end = time.perf_counter() + 60
+while time.perf_counter() < end:
+    pass
+"""
+
+
+def test_wait_for_a_core_of_threads_sharing_one() -> None:
+    # Two spinners pinned to one core: each runs about half the window and waits for the core
+    # the other half, which is what a preempted engine busy loop looks like.
+    core = min(os.sched_getaffinity(0))
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", SPIN % core], start_new_session=True)
+        for _ in range(2)
+    ]
+    alone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        result = proc_cpu.measure(None, [p.pid for p in spinners] + [alone.pid], seconds=2.0)
+    finally:
+        for proc in [*spinners, alone]:
+            proc.kill()
+            proc.wait()
+    by_pid = {p["pid"]: p for p in result["processes"]}
+    for proc in spinners:
+        spinner = by_pid[proc.pid]
+        assert 25 < spinner["cpu_percent"] < 75
+        assert 25 < spinner["wait_for_cpu_percent"] < 75
+        assert spinner["cpu_percent"] + spinner["wait_for_cpu_percent"] > 85  # on a core or queued
+        assert spinner["threads"][0]["wait_for_cpu_percent"] == spinner["wait_for_cpu_percent"]
+    assert by_pid[alone.pid]["wait_for_cpu_percent"] < 5  # asleep: not queued
+    assert result["cpu_pressure"]["some_percent"] > 25  # the host saw a task waiting
