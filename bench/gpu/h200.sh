@@ -87,6 +87,9 @@
 #                                           the processor's resize as integer ops on the GPU
 #                                           (HOST_CHECKS=1: only the last two); 10 files: run it
 #                                           through `packed`
+#   bench/gpu/h200.sh cv2-pool              OpenCV's own pool at its default against one thread, idle
+#                                           and with 8 spinning processes (bench/cv2_pool.py, ~70 s,
+#                                           no server; thirty-first sitting)
 #   bench/gpu/h200.sh nvdec-cpu             vLLM's NVDEC video backend (PyNvVideoCodec) against its
 #                                           OpenCV decode, with and without the plugin, per video:
 #                                           wall and CPU, CUDA's default and blocking-sync
@@ -108,7 +111,10 @@
 #                                           so far as NAME-partial.tgz if it still runs
 #   bench/gpu/h200.sh packed NAME STEP ARGS...   any step with its files packed into one
 #                                           $OUT/NAME.tgz (the device returns 8 files a call;
-#                                           a `measure` alone writes more)
+#                                           a `measure` alone writes more); PACK_WITHIN_S=N stops
+#                                           the step after N s and packs what it wrote (the device
+#                                           kills the whole call at its limit, archive and all:
+#                                           the thirty-first sitting's first config)
 #   bench/gpu/h200.sh profile NAME PORT WORKLOAD RATE SECONDS   py-spy of the server's engine core
 #                                           and first API server while a constant-rate load runs
 #                                           (NAME-engine/-api.txt raw, -top.json: bench/pyspy_top.py),
@@ -520,6 +526,11 @@ host)
   python3 bench/resize_exact.py --device cuda --out "$OUT/resize-exact-cuda.json" >/dev/null ||
     echo "resize on cuda: exit $?"
   ;;
+cv2-pool)
+  cd "$REPO"
+  python3 bench/cv2_pool.py --reps 30 --busy 8 --out "$OUT/cv2-pool.json" | tee "$OUT/cv2-pool.txt" ||
+    echo "cv2 pool: exit $?"
+  ;;
 nvdec-cpu)
   cd "$REPO"
   python3 bench/nvdec_cpu.py --out "$OUT/nvdec-cpu.json" | tee "$OUT/nvdec-cpu.txt" ||
@@ -754,7 +765,12 @@ packed)
   final="$OUT"
   export OUT="/tmp/packed-$name"
   mkdir -p "$OUT"
-  bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $?"
+  if [[ -n "${PACK_WITHIN_S:-}" ]]; then
+    # servers the step started run on (setsid): `stop PORT` in the next call
+    timeout -k 10 "$PACK_WITHIN_S" bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $? (PACK_WITHIN_S=$PACK_WITHIN_S)"
+  else
+    bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $?"
+  fi
   tar -czf "$final/$name.tgz" -C "$OUT" .
   ls -la "$final/$name.tgz"
   ;;
