@@ -87,6 +87,12 @@ CONFIG: dict[str, Any] = {
     # H200, 16 CPUs, vLLM 0.26.0 + plugin under 20-30 video req/s: 2-8% with 4 or 8 API servers,
     # 22-34% with --mm-tensor-ipc torch_shm (bench/results/h200/vllm-0.26.0-random-8api).
     "media_cpu_wait_max": 0.2,
+    # Share of wall time the thread that runs the model (one GPU: the engine core's step loop)
+    # spends on a core or queued for one, above which the engine is CPU-bound. Thirty-first
+    # sitting (H100 host, vLLM 0.33.0, the chart's configuration): 77% on a core at 30 video
+    # req/s, past its 25 req/s ceiling, 1.7% of the thread's time waiting for the GPU
+    # (bench/results/h100/vllm-0.33.0-31-cv2pool/NOTES.md; its wait for a core not recorded yet).
+    "engine_thread_busy_max": 0.9,
     "dashboards": {
         "serving": {"uid": "gemma4-serving", "title": "Gemma 4 / Serving latency and SLO"},
         "encoder": {"uid": "gemma4-encoder", "title": "Gemma 4 / Vision encoder"},
@@ -921,6 +927,34 @@ def encoder_dashboard() -> dict[str, Any]:
         ),
         w=12,
     )
+    b.row("Engine step loop")
+    b.add(
+        timeseries(
+            "Engine thread: on a CPU and waiting for one",
+            "The thread that runs the model (one GPU: vLLM's engine-core step loop, which also "
+            "schedules every step), as a share of one core, per pod: on_cpu = "
+            "rate(gemma4_engine_thread_cpu_seconds_total), queued = "
+            "rate(gemma4_engine_thread_wait_seconds_total), runnable but waiting for a core. "
+            "Near 100% together (the dashed line) the engine is CPU-bound: the GPU waits for "
+            "launches and "
+            "neither more API servers nor a faster GPU raise throughput (alert "
+            "Gemma4EngineThreadSaturated). A high 'queued' share means the pod's other "
+            "threads crowd it out: more CPU for the pod, or fewer API servers.",
+            [
+                (
+                    f"sum by (pod) (rate(gemma4_engine_thread_cpu_seconds_total{{{p}}}[{RATE}]))",
+                    "{{pod}} on_cpu",
+                ),
+                (
+                    f"sum by (pod) (rate(gemma4_engine_thread_wait_seconds_total{{{p}}}[{RATE}]))",
+                    "{{pod}} queued",
+                ),
+            ],
+            "percentunit",
+            thresholds=[(CONFIG["engine_thread_busy_max"], "red")],
+        ),
+        w=24,
+    )
     b.row("Correctness and fallbacks")
     b.add(
         timeseries(
@@ -1204,6 +1238,7 @@ def serving_alerts() -> dict[str, Any]:
     up = targets()
     qmin = CONFIG["waiting_queue_min"]
     cpu_wait = CONFIG["media_cpu_wait_max"]
+    busy = CONFIG["engine_thread_busy_max"]
     media = MEDIA_WAIT_STAGES
     alerts = [
         {
@@ -1308,6 +1343,25 @@ def serving_alerts() -> dict[str, Any]:
                 "time over 10 minutes was spent waiting for a CPU: the pod's CPUs are "
                 "oversubscribed, which adds to every video's time to first token.",
                 "runbook_url": runbook("Gemma4MediaCpuStarved"),
+            },
+        },
+        {
+            "alert": "Gemma4EngineThreadSaturated",
+            "expr": (
+                "sum by (namespace, pod) (rate(gemma4_engine_thread_cpu_seconds_total"
+                f"{{{targets()}}}[10m]))\n+\n"
+                "sum by (namespace, pod) (rate(gemma4_engine_thread_wait_seconds_total"
+                f"{{{targets()}}}[10m]))\n> {busy}\n"
+            ),
+            "for": "15m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "The engine's step loop is CPU-bound.",
+                "description": "In {{ $labels.pod }} ({{ $labels.namespace }}) the thread that "
+                "runs the model was on a core or queued for one {{ $value | humanizePercentage }} "
+                "of the last 10 minutes: every engine step waits for this one CPU thread, so the "
+                "GPU idles between launches and more load only adds latency. Scale out.",
+                "runbook_url": runbook("Gemma4EngineThreadSaturated"),
             },
         },
     ]

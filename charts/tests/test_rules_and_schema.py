@@ -230,6 +230,13 @@ SCOPED_ALERTS = {
         ],
         "30m",
     ),
+    "Gemma4EngineThreadSaturated": (
+        [
+            ('gemma4_engine_thread_cpu_seconds_total{L, pod="p-0"}', "0+57x40"),
+            ('gemma4_engine_thread_wait_seconds_total{L, pod="p-0"}', "0+2x40"),
+        ],
+        "30m",
+    ),
     # every request slower than 300 ms, in the plugin's histogram or only in vLLM's own (the
     # SLO recording rules' fallback, which any vLLM exports)
     "Gemma4LatencySLOBudgetBurn": (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -81,6 +82,21 @@ def test_image_and_video_go_through_plugin(vllm_server):
     assert metric(text, "gemma4_encoder_info", mode="exact", cuda_graphs="false") == 1
     assert "gemma4_encoder_fallbacks_total{" not in text, "plugin fell back to stock"
     assert metric(text, "gemma4_encoder_calls_total", path="stock") == 0
+
+
+def test_the_model_threads_cpu_is_on_metrics(vllm_server):
+    """The thread that built the model runs it: its CPU time reaches /metrics from the model's
+    process through vLLM's multi-process collector, sampled every 5 s by default."""
+    log = vllm_server.log_path.read_text()
+    assert "engine thread CPU sampled every 5 s" in log
+    chat(vllm_server, video_request(seed=104))
+    cpu = metric(vllm_server.metrics_text(), "gemma4_engine_thread_cpu_seconds_total")
+    deadline = time.monotonic() + 15
+    while cpu == 0 and time.monotonic() < deadline:  # the first sample is due within 5 s
+        time.sleep(1)
+        cpu = metric(vllm_server.metrics_text(), "gemma4_engine_thread_cpu_seconds_total")
+    assert cpu > 0
+    metric(vllm_server.metrics_text(), "gemma4_engine_thread_wait_seconds_total")  # exported
 
 
 def test_greedy_outputs_identical_with_plugin_disabled(vllm_server, vllm_server_factory):

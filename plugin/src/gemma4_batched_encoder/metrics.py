@@ -60,6 +60,8 @@ class EncoderMetrics:
     fused_layers: Any
     cuda_graphs: Any
     full_graph_refusals: Any
+    engine_thread_cpu: Any
+    engine_thread_wait: Any
 
 
 class _NoMetric:
@@ -144,6 +146,15 @@ def get_metrics() -> EncoderMetrics:
                     "gemma4_engine_full_graph_refusals",
                     "Engine steps kept out of FULL CUDA graphs because a request had more image "
                     "ranges holding query tokens than GEMMA4_ENGINE_GRAPH_RANGES holds.",
+                ),
+                engine_thread_cpu=Counter(
+                    "gemma4_engine_thread_cpu_seconds",
+                    "CPU time of the thread that runs the model (one GPU: the engine core's "
+                    "step loop); a rate near 1 means the engine is CPU-bound.",
+                ),
+                engine_thread_wait=Counter(
+                    "gemma4_engine_thread_wait_seconds",
+                    "Time the thread that runs the model was runnable but waiting for a core.",
                 ),
             )
             _metrics.fused_layers.set(0)

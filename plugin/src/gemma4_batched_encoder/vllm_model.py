@@ -22,7 +22,7 @@ from vllm.model_executor.models.gemma4_mm import (
 )
 from vllm.platforms import current_platform
 
-from . import engine_graph_ranges, engine_mm_batching, engine_mm_ranges, pixels
+from . import engine_cpu, engine_graph_ranges, engine_mm_batching, engine_mm_ranges, pixels
 from .engine_threads import set_engine_torch_threads
 from .log import logger
 from .media.env import uint8_requested
@@ -127,6 +127,8 @@ class Gemma4ForConditionalGeneration(_Upstream):
             self._g4_inactive = _inactive_reason(self, settings)
             active = LAYOUT is not None and self._g4_inactive is None
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
+            # this thread builds the model and runs it: the step loop's CPU on /metrics
+            engine_cpu.start_for_this_thread(self._g4.metrics)
         except Exception:
             # Never keep vLLM from starting: without a runtime every method is the stock one.
             logger.warning(
