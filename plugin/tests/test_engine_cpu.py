@@ -53,6 +53,7 @@ def test_interval_from_env(monkeypatch):
         ("off", None),
         ("0", None),
         ("2.5", 2.5),
+        ("1", 1.0),
         ("-1", None),
     ):
         if raw is None:

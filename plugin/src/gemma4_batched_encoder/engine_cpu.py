@@ -32,7 +32,7 @@ TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def interval_from_env() -> float | None:
     """Seconds between samples: on (the default) = 5, off/0 = None, a number = that many."""
     raw = (os.environ.get(ENV) or "on").strip().lower()
-    if raw in ("on", "1", "true", "yes", "auto"):
+    if raw in ("on", "true", "yes", "auto"):  # ("1" is a number: one second)
         return DEFAULT_INTERVAL_S
     if raw in ("off", "0", "false", "no"):
         return None

@@ -127,8 +127,6 @@ class Gemma4ForConditionalGeneration(_Upstream):
             self._g4_inactive = _inactive_reason(self, settings)
             active = LAYOUT is not None and self._g4_inactive is None
             self._g4 = EncoderRuntime(self.vision_tower, settings, active, VLLM_VERSION)
-            # this thread builds the model and runs it: the step loop's CPU on /metrics
-            engine_cpu.start_for_this_thread(self._g4.metrics)
         except Exception:
             # Never keep vLLM from starting: without a runtime every method is the stock one.
             logger.warning(
@@ -136,6 +134,10 @@ class Gemma4ForConditionalGeneration(_Upstream):
                 exc_info=True,
             )
             return
+        try:  # this thread builds the model and runs it: the step loop's CPU on /metrics
+            engine_cpu.start_for_this_thread(self._g4.metrics)
+        except Exception:  # a metric never keeps the encoder from serving
+            logger.warning("gemma4_batched_encoder: engine thread CPU not sampled", exc_info=True)
         if self._g4.active:
             logger.info(
                 "gemma4_batched_encoder: vision encoder override active (mode=%s, layout=%s, "
