@@ -151,6 +151,32 @@ def test_stage_metrics_recorded(vllm_processor) -> None:
     assert buckets[0] == 0.0005 and buckets[-1] == 2.0
 
 
+def test_dummy_inputs_record_no_stage(vllm_processor) -> None:
+    """vLLM's warm-up and profiling (get_dummy_mm_inputs: the largest items, hundreds of ms a
+    call) leave the stage histograms alone; the next real call is recorded again."""
+    before = histogram_counts()
+    threads_before = thread_seconds()
+    dummy = vllm_processor.get_dummy_mm_inputs({"image": 1, "video": 1})
+    assert dummy["mm_kwargs"]["video"]  # the processor did run on a dummy video
+    assert histogram_counts() == before
+    assert thread_seconds() == threads_before
+    apply(vllm_processor, {"video": [decoded_video(2, 320, 240, seed=22)]})
+    after = histogram_counts()
+    assert after[media.stages.MM_PROCESSOR] == before.get(media.stages.MM_PROCESSOR, 0) + 1
+
+
+def thread_seconds() -> dict[tuple[str, str], float]:
+    from prometheus_client import REGISTRY
+
+    out: dict[tuple[str, str], float] = {}
+    for metric in REGISTRY.collect():
+        if metric.name == media.stages.THREAD_METRIC_NAME:
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    out[(sample.labels["stage"], sample.labels["state"])] = sample.value
+    return out
+
+
 def test_limited_torch_threads_leaves_other_threads_alone() -> None:
     """The limit is per calling thread: an engine thread in the same process keeps its count."""
     import threading

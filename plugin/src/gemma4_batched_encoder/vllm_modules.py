@@ -8,6 +8,9 @@ from typing import Any
 
 # VideoMediaIO: vllm/multimodal/media/video.py on 0.27+, vllm/multimodal/video.py before.
 VIDEO_IO_MODULES = ("vllm.multimodal.media.video", "vllm.multimodal.video")
+# BaseMultiModalProcessor: vllm/multimodal/processing/processor.py on 0.32+ (a package),
+# vllm/multimodal/processing.py before.
+PROCESSOR_MODULES = ("vllm.multimodal.processing.processor", "vllm.multimodal.processing")
 # OpenCVVideoBackendMixin: vllm/multimodal/video_decoders/opencv.py on 0.32+, video.py before.
 OPENCV_MODULES = ("vllm.multimodal.video_decoders.opencv", "vllm.multimodal.video")
 

@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..vllm_modules import VIDEO_IO_MODULES, first_attr
+from ..vllm_modules import PROCESSOR_MODULES, VIDEO_IO_MODULES, first_attr
 from . import count_check, decode, frame_call, frames, overlap, source_key, stages
 from .env import ENV_UINT8, switch, thread_count, uint8_requested
 
@@ -322,9 +322,25 @@ def timed_processor_main(original: Any, threads: int) -> Any:
     return _apply_hf_processor_main
 
 
+def untimed_dummy_inputs(original: Any) -> Any:
+    """`get_dummy_mm_inputs` (vLLM's start-up warm-up and profiling) with no stage recorded."""
+
+    def get_dummy_mm_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with stages.untimed():
+            return original(self, *args, **kwargs)
+
+    return get_dummy_mm_inputs
+
+
 def _patch_vllm_timing() -> None:
-    """Stage timers around vLLM's video loading and Gemma 4 multimodal processor."""
+    """Stage timers around vLLM's video loading and Gemma 4 multimodal processor; none around
+    its dummy inputs."""
     threads = media_torch_threads()
+    found = first_attr(PROCESSOR_MODULES, "BaseMultiModalProcessor")
+    if found is not None and hasattr(found[1], "get_dummy_mm_inputs"):
+        _wrap(found[1], "get_dummy_mm_inputs", untimed_dummy_inputs)
+    else:
+        logger.info("gemma4 media: no get_dummy_mm_inputs found; warm-up calls are timed too")
     found = first_attr(VIDEO_IO_MODULES, "VideoMediaIO")
     if found is not None:
         _wrap(found[1], "load_bytes", timed_load_bytes)

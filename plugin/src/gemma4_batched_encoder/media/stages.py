@@ -11,6 +11,11 @@ sitting saw vLLM's processor grow from 18 to 55 ms under load and could not say 
 with this, saw 2-8% waiting for a CPU at 4 or 8 API servers and 22-34% with torch_shm). Where
 schedstat is missing, `runnable` stays 0 and its time counts as `blocked`.
 
+Calls on dummy inputs are not recorded (`untimed`, around vLLM's `get_dummy_mm_inputs`): each
+API server's start-up warm-up of vLLM 0.33 processes the largest items the model allows, at
+hundreds of ms each, and the thirtieth and thirty-first sittings misread those in whole-run
+averages as a processor slowed by load (46 ms a video; 11 ms over the sweeps themselves).
+
 The metrics are created lazily, once per process, in the process where a stage runs (the API
 server for everything measured here). With PROMETHEUS_MULTIPROC_DIR set (images/entrypoint.sh
 sets it) every process's samples appear on vLLM's /metrics.
@@ -113,7 +118,26 @@ count_check = labelled_counter(
 )
 
 
+_untimed = threading.local()  # depth of `untimed` blocks on this thread
+
+
+@contextmanager
+def untimed() -> Iterator[None]:
+    """Stages on this thread inside the block are not recorded (vLLM's dummy inputs)."""
+    _untimed.depth = getattr(_untimed, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _untimed.depth -= 1
+
+
+def recording() -> bool:
+    return not getattr(_untimed, "depth", 0)
+
+
 def observe(stage: str, seconds: float) -> None:
+    if not recording():
+        return
     with contextlib.suppress(Exception):  # metrics must never fail a request
         histogram().labels(stage=stage).observe(seconds)
 
@@ -152,6 +176,8 @@ class ThreadClock(NamedTuple):
 def observe_since(stage: str, start: ThreadClock) -> float:
     """Record a stage that ran on this thread since `start`; returns its wall seconds."""
     wall, states = start.split(ThreadClock.now())
+    if not recording():
+        return wall
     observe(stage, wall)
     with contextlib.suppress(Exception):
         counter = thread_counter()
