@@ -27,7 +27,9 @@ def counters() -> tuple[Counter, Counter]:
 
 
 def value(counter: Counter) -> float:
-    return counter._value.get()
+    """The counter's value as its registry exposes it."""
+    (metric,) = counter.collect()
+    return next(s.value for s in metric.samples if s.name.endswith("_total"))
 
 
 def spin_thread(seconds: float) -> tuple[threading.Thread, list[int]]:
@@ -113,7 +115,7 @@ end = time.perf_counter() + 3
 while time.perf_counter() < end:
     pass
 sampler.stop()
-print(cpu._value.get(), wait._value.get())
+print(registry.get_sample_value("c_total"), registry.get_sample_value("w_total"))
 """
 
 

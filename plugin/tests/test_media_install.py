@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,16 +124,22 @@ def test_limited_torch_threads_restores() -> None:
         assert torch.get_num_threads() == before
 
 
-def histogram_counts() -> dict[str, float]:
+def stage_samples(metric_name: str, suffix: str, *labels: str) -> dict[Any, float]:
+    """This process's samples of a stage metric ending in `suffix`, keyed by `labels`' values."""
     from prometheus_client import REGISTRY
 
-    counts: dict[str, float] = {}
+    out: dict[Any, float] = {}
     for metric in REGISTRY.collect():
-        if metric.name == media.stages.METRIC_NAME:
+        if metric.name == metric_name:
             for sample in metric.samples:
-                if sample.name.endswith("_count"):
-                    counts[sample.labels["stage"]] = sample.value
-    return counts
+                if sample.name.endswith(suffix):
+                    key = tuple(sample.labels[k] for k in labels)
+                    out[key[0] if len(key) == 1 else key] = sample.value
+    return out
+
+
+def histogram_counts() -> dict[str, float]:
+    return stage_samples(media.stages.METRIC_NAME, "_count", "stage")
 
 
 def test_stage_metrics_recorded(vllm_processor) -> None:
@@ -166,15 +173,7 @@ def test_dummy_inputs_record_no_stage(vllm_processor) -> None:
 
 
 def thread_seconds() -> dict[tuple[str, str], float]:
-    from prometheus_client import REGISTRY
-
-    out: dict[tuple[str, str], float] = {}
-    for metric in REGISTRY.collect():
-        if metric.name == media.stages.THREAD_METRIC_NAME:
-            for sample in metric.samples:
-                if sample.name.endswith("_total"):
-                    out[(sample.labels["stage"], sample.labels["state"])] = sample.value
-    return out
+    return stage_samples(media.stages.THREAD_METRIC_NAME, "_total", "stage", "state")
 
 
 def test_limited_torch_threads_leaves_other_threads_alone() -> None:

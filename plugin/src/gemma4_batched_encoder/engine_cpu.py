@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from .log import logger
+from .metrics import NO_METRICS
+from .procfs import cpu_seconds, run_queue_seconds
 
 ENV = "GEMMA4_ENGINE_CPU_METRICS"
 DEFAULT_INTERVAL_S = 5.0
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def interval_from_env() -> float | None:
@@ -53,20 +54,14 @@ class ThreadTimes:
     wait_s: float
 
 
-def read_thread(tid: int, pid: int | None = None) -> ThreadTimes | None:
-    """The thread's CPU seconds and seconds waiting for a core so far; None once it is gone."""
-    task = Path(f"/proc/{pid or os.getpid()}/task/{tid}")
-    try:
-        stat = (task / "stat").read_text()
-    except OSError:
+def read_thread(tid: int) -> ThreadTimes | None:
+    """This process's thread `tid`: CPU seconds and seconds waiting for a core so far; None once
+    it is gone (a kernel without schedstat reads 0 waiting)."""
+    task = f"/proc/{os.getpid()}/task/{tid}"
+    cpu_s = cpu_seconds(f"{task}/stat")
+    if cpu_s is None:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3: utime 14, stime 15
-    cpu_s = (int(fields[11]) + int(fields[12])) / TICK
-    try:
-        wait_s = int((task / "schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):  # a kernel without schedstat
-        wait_s = 0.0
-    return ThreadTimes(cpu_s, wait_s)
+    return ThreadTimes(cpu_s, run_queue_seconds(f"{task}/schedstat") or 0.0)
 
 
 class ThreadSampler:
@@ -126,8 +121,6 @@ def start_for_this_thread(metrics: Any) -> ThreadSampler | None:
     if not Path(f"/proc/{os.getpid()}/task").is_dir():
         logger.info("gemma4_batched_encoder: %s: no /proc here; engine thread CPU not sampled", ENV)
         return None
-    from .metrics import NO_METRICS
-
     if metrics is NO_METRICS:
         return None
     with _lock:

@@ -12,9 +12,9 @@ with this, saw 2-8% waiting for a CPU at 4 or 8 API servers and 22-34% with torc
 schedstat is missing, `runnable` stays 0 and its time counts as `blocked`.
 
 Calls on dummy inputs are not recorded (`untimed`, around vLLM's `get_dummy_mm_inputs`): each
-API server's start-up warm-up of vLLM 0.33 processes the largest items the model allows, at
-hundreds of ms each, and the thirtieth and thirty-first sittings misread those in whole-run
-averages as a processor slowed by load (46 ms a video; 11 ms over the sweeps themselves).
+API server's start-up warm-up of vLLM 0.33 processes the largest items the model allows (15-20 s
+an API server), and the thirtieth and thirty-first sittings misread that in whole-run averages as
+a processor slowed by load (46 ms a video; 11 ms over the sweeps themselves).
 
 The metrics are created lazily, once per process, in the process where a stage runs (the API
 server for everything measured here). With PROMETHEUS_MULTIPROC_DIR set (images/entrypoint.sh
@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from ..metrics import seconds_buckets
+from ..procfs import run_queue_seconds
 
 METRIC_NAME = "gemma4_media_preprocess_seconds"
 THREAD_METRIC_NAME = "gemma4_media_preprocess_thread_seconds"  # a counter: exposed with _total
@@ -40,7 +41,6 @@ COUNT_CHECK_METRIC_NAME = "gemma4_media_frame_count_check"  # a counter: exposed
 # vouch for the header), run and agreeing (beside the decode; after it where the decode stopped
 # short of the last frame), or correcting the header.
 COUNT_CHECK_OUTCOMES = ("skipped", "beside", "corrected")
-_SCHEDSTAT = "/proc/thread-self/schedstat"
 # 0.5 ms .. 2 s: a 480p frame's resize is ~1 ms, a burst of videos in one API server ~1 s.
 BUCKETS = seconds_buckets(0.0005, 2.0)
 
@@ -140,16 +140,6 @@ def observe(stage: str, seconds: float) -> None:
         return
     with contextlib.suppress(Exception):  # metrics must never fail a request
         histogram().labels(stage=stage).observe(seconds)
-
-
-def run_queue_seconds() -> float | None:
-    """This thread's total time spent runnable but not running, or None where Linux has no
-    schedstat (the field is updated whenever the thread is scheduled in, so it is exact here)."""
-    try:
-        with open(_SCHEDSTAT, "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class ThreadClock(NamedTuple):
