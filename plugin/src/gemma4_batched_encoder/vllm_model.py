@@ -22,7 +22,14 @@ from vllm.model_executor.models.gemma4_mm import (
 )
 from vllm.platforms import current_platform
 
-from . import engine_cpu, engine_graph_ranges, engine_mm_batching, engine_mm_ranges, pixels
+from . import (
+    engine_cpu,
+    engine_graph_ranges,
+    engine_mm_batching,
+    engine_mm_ranges,
+    engine_profile,
+    pixels,
+)
 from .engine_threads import set_engine_torch_threads
 from .log import logger
 from .media.env import uint8_requested
@@ -77,6 +84,7 @@ def _engine_patches(settings: Settings, vllm_config: Any) -> None:
             "GEMMA4_ENGINE_GRAPH_RANGES",
             lambda: engine_graph_ranges.apply(settings.engine_graph_ranges, vllm_config),
         ),
+        ("the profile run's exclusion from the encoder metrics", engine_profile.install),
     )
     for name, install in patches:
         try:

@@ -1,0 +1,72 @@
+"""The encoder's metrics leave out vLLM's start-up profile run.
+
+Before serving, vLLM's model runner (``profile_run``) runs the encoder on dummy inputs of the
+largest size to size the KV cache: on the thirty-first sitting's H100 that put 58 calls and 31 s
+into ``gemma4_encoder_seconds`` before the first request, so every lifetime average (sum over
+count) read as a slow encoder. Those calls still run through the plugin (the profile must measure
+what serving will use); only their recording is skipped, the way the media stages skip vLLM's
+dummy processor inputs (media/stages.py, ``untimed``).
+
+Installed where the model is built (the engine core with one GPU, the workers otherwise), on
+Model Runner V1 (``vllm.v1.worker.gpu_model_runner``, which vLLM's CPU runner inherits) and V2
+(``vllm.v1.worker.gpu.model_runner``) where they define ``profile_run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .log import logger
+
+RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+_PATCHED = "_gemma4_profile_untimed"
+_state = threading.local()  # depth of `profiling` blocks on this thread
+
+
+@contextlib.contextmanager
+def profiling() -> Iterator[None]:
+    """A block whose encoder calls are not recorded."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def in_profile_run() -> bool:
+    return bool(getattr(_state, "depth", 0))
+
+
+def untimed(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a runner's ``profile_run``) inside ``profiling``."""
+
+    @functools.wraps(original)
+    def profile_run(*args: Any, **kwargs: Any) -> Any:
+        with profiling():
+            return original(*args, **kwargs)
+
+    setattr(profile_run, _PATCHED, True)
+    return profile_run
+
+
+def install() -> list[str]:
+    """Wraps every importable runner's ``profile_run`` once; returns the modules wrapped."""
+    wrapped = []
+    for name in RUNNER_MODULES:
+        try:
+            runner = importlib.import_module(name).GPUModelRunner
+        except (ImportError, AttributeError):
+            continue
+        original = runner.__dict__.get("profile_run")
+        if original is None or getattr(original, _PATCHED, False):
+            continue
+        runner.profile_run = untimed(original)
+        wrapped.append(name)
+    if not wrapped:
+        logger.info("gemma4_batched_encoder: no profile_run found; its encoder calls are recorded")
+    return wrapped
