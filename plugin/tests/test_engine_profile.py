@@ -1,5 +1,6 @@
 """vLLM's profile run is wrapped so that its encoder calls are not recorded (engine_profile.py);
-the recording side is tested in test_encoder_metrics.py (the exposition fixture)."""
+the recording side is tested in test_encoder_metrics.py (the exposition fixture). Also run on
+vLLM 0.33's and 0.34's code (test_vllm_overlays.py): V1 and V2 there, V2 only on 0.34."""
 
 from __future__ import annotations
 
@@ -10,24 +11,49 @@ import pytest
 from gemma4_batched_encoder import engine_profile
 
 
+def runners() -> dict[str, type]:
+    """This vLLM's runner classes that define profile_run, by ``module.Class``."""
+    found = {}
+    for module, cls in engine_profile.RUNNERS:
+        try:
+            runner = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError):
+            continue
+        if "profile_run" in runner.__dict__:
+            found[f"{module}.{cls}"] = runner
+    return found
+
+
 @pytest.fixture
-def runner(monkeypatch):
-    """vLLM's (CPU build's) Model Runner V1 class, its profile_run restored afterwards."""
-    cls = importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
-    monkeypatch.setattr(cls, "profile_run", cls.__dict__["profile_run"])
-    return cls
+def originals(monkeypatch):
+    """Each runner's own profile_run, restored afterwards."""
+    found = runners()
+    for runner in found.values():
+        monkeypatch.setattr(runner, "profile_run", runner.__dict__["profile_run"])
+    return {name: runner.__dict__["profile_run"] for name, runner in found.items()}
 
 
-def test_install_wraps_vllms_profile_run_once(runner):
-    original = runner.__dict__["profile_run"]
-    wrapped = engine_profile.install()
-    assert "vllm.v1.worker.gpu_model_runner" in wrapped
-    assert runner.profile_run is not original and runner.profile_run.__wrapped__ is original
-    # the CPU runner inherits it: a CPU server's profile run is covered too
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+def test_install_wraps_each_runners_profile_run_once(originals):
+    assert originals, "no model runner with a profile_run in this vLLM"
+    assert sorted(engine_profile.install()) == sorted(originals)
+    for name, runner in runners().items():
+        assert runner.profile_run.__wrapped__ is originals[name]
+    assert engine_profile.install() == []  # not twice
 
-    assert CPUModelRunner.profile_run is runner.profile_run
-    assert "vllm.v1.worker.gpu_model_runner" not in engine_profile.install()  # not twice
+
+def test_the_cpu_runner_inherits_a_wrapped_profile_run(originals):
+    # the CPU runner this vLLM serves with (0.32's V1 subclass, 0.34's V2 one)
+    for module in ("vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu.model_runner"):
+        try:
+            cpu_runner = importlib.import_module(module).CPUModelRunner
+            break
+        except ImportError:
+            continue
+    else:
+        raise AssertionError("no CPUModelRunner in this vLLM")
+    engine_profile.install()
+    assert "profile_run" not in cpu_runner.__dict__
+    assert cpu_runner.profile_run.__wrapped__ in originals.values()
 
 
 def test_wrapped_profile_run_marks_its_thread_and_passes_through():

@@ -28,6 +28,8 @@ SHARED = [
     "test_engine_graph_ranges.py::test_apply_watches_vllms_resolution_only_when_full_is_asked_for",
     # the count check beside the decode on 0.33+'s loader (the check on a capture of its own)
     "test_media_count_check.py",
+    # the profile run's exclusion from the encoder metrics (V1 and V2 runners on 0.33, V2 on 0.34)
+    "test_engine_profile.py",
 ]
 # The media fast path's tests whole on the image's vLLM (its processor, loader and hand-off code;
 # 0.34 changes the hand-off: `mm_device_do_normalize`, vllm034_cases.py).
@@ -43,10 +45,10 @@ MEDIA = [
 ]
 # version -> (overlay folders, first wins; cases; passed): none skipped or deselected. The
 # adapter's 13, the layout gate, the V2 range buffer's 10, the narrowed-FULL warning's 4, the
-# count check's 29; on 0.33 the media tests' 144, on 0.34 vllm034_cases.py's 6.
+# count check's 29, the profile run's 4; on 0.33 the media tests' 144, on 0.34 vllm034_cases.py's 6.
 OVERLAYS = {
-    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], [*SHARED, *MEDIA], 201),
-    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 63),
+    "0.33.0": (["vllm-0.33.0", "vllm-0.34.0"], [*SHARED, *MEDIA], 205),
+    "0.34.0": (["vllm-0.34.0"], [*SHARED, "vllm034_cases.py"], 67),
 }
 
 

@@ -8,8 +8,9 @@ what serving will use); only their recording is skipped, the way the media stage
 dummy processor inputs (media/stages.py, ``untimed``).
 
 Installed where the model is built (the engine core with one GPU, the workers otherwise), on
-Model Runner V1 (``vllm.v1.worker.gpu_model_runner``, which vLLM's CPU runner inherits) and V2
-(``vllm.v1.worker.gpu.model_runner``) where they define ``profile_run``.
+every model runner of this vLLM that defines ``profile_run`` (``RUNNERS``): Model Runner V1
+(0.20-0.33; vLLM's CPU runner inherits it), V2 (0.26+; 0.34's CPU runner inherits it) and 0.34's
+standalone CPU runner.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from typing import Any
 
 from .log import logger
 
-RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+RUNNERS = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.cpu.standalone_model_runner", "StandaloneCPUModelRunner"),
+)
 _PATCHED = "_gemma4_profile_untimed"
 _state = threading.local()  # depth of `profiling` blocks on this thread
 
@@ -55,18 +60,19 @@ def untimed(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install() -> list[str]:
-    """Wraps every importable runner's ``profile_run`` once; returns the modules wrapped."""
+    """Wraps every importable runner's ``profile_run`` once; returns the classes wrapped
+    (``module.Class``)."""
     wrapped = []
-    for name in RUNNER_MODULES:
+    for module, cls in RUNNERS:
         try:
-            runner = importlib.import_module(name).GPUModelRunner
+            runner = getattr(importlib.import_module(module), cls)
         except (ImportError, AttributeError):
             continue
         original = runner.__dict__.get("profile_run")
         if original is None or getattr(original, _PATCHED, False):
             continue
         runner.profile_run = untimed(original)
-        wrapped.append(name)
+        wrapped.append(f"{module}.{cls}")
     if not wrapped:
         logger.info("gemma4_batched_encoder: no profile_run found; its encoder calls are recorded")
     return wrapped
