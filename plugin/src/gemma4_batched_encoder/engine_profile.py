@@ -4,10 +4,11 @@ Before serving, vLLM's model runner (``profile_run``) runs the encoder on dummy 
 largest size to size the KV cache, and the plugin's first call captures its start-up CUDA graphs
 there: on the thirty-first sitting's H100 that one call took 29.5 s, which sat in
 ``gemma4_encoder_seconds``'s top bucket for good (30.8 s of the 58 calls recorded before that
-sitting's sweep), so lifetime averages read as a slow encoder and a quantile over a window that
-holds the start read above a second. Those calls still run through the plugin (the profile must
-measure what serving will use); only their recording is skipped, the way the media stages skip
-vLLM's dummy processor inputs (media/stages.py, ``untimed``).
+sitting's sweep), so lifetime averages (sum over count, what a bench reads without a baseline)
+read as a slow encoder (Prometheus's rates did not see it: it precedes the first scrape). Those
+calls still run through the plugin (the profile must measure what serving will use); only their
+recording is skipped, the way the media stages skip vLLM's dummy processor inputs
+(media/stages.py, ``untimed``).
 
 Installed where the model is built (the engine core with one GPU, the workers otherwise), on
 every model runner of this vLLM that defines ``profile_run`` (``RUNNERS``): Model Runner V1
