@@ -26,8 +26,8 @@ rt = EncoderRuntime(vt, Settings(), True, "0.32.0")
 assert get_metrics() is get_metrics()  # created once per process
 pvs, pps = S.make_batch([S.Media("frame", (21, 27), 70)] * 2, 768, 3)
 # vLLM's profile run (engine_profile.py): runs the plugin, records nothing
-from gemma4_batched_encoder.engine_profile import profiling
-with profiling():
+from gemma4_batched_encoder.metrics import unrecorded
+with unrecorded():
     rt.begin_call(frames=2, images=0)
     rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
     rt.end_call()
@@ -214,8 +214,8 @@ vt = S.build_vision_tower(S.vision_config_kwargs("tiny"))
 rt = EncoderRuntime(vt, Settings(), True, "0.32.0")
 pvs, pps = S.make_batch([S.Media("frame", (21, 27), 70)] * 2, 768, 3)
 # vLLM's profile run (engine_profile.py): runs the plugin, records nothing
-from gemma4_batched_encoder.engine_profile import profiling
-with profiling():
+from gemma4_batched_encoder.metrics import unrecorded
+with unrecorded():
     rt.begin_call(frames=2, images=0)
     rt.run(lambda a: rt.encoder.encode(*a), lambda a: [], (pvs, pps))
     rt.end_call()

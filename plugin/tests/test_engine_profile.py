@@ -9,6 +9,7 @@ import importlib
 import pytest
 
 from gemma4_batched_encoder import engine_profile
+from gemma4_batched_encoder.metrics import recording
 
 
 def runners() -> dict[str, type]:
@@ -60,11 +61,11 @@ def test_wrapped_profile_run_marks_its_thread_and_passes_through():
     seen = []
 
     def profile_run(self, randomize_inputs=False):
-        seen.append((engine_profile.in_profile_run(), randomize_inputs))
+        seen.append((not recording(), randomize_inputs))
         return "done"
 
     assert engine_profile.untimed(profile_run)(object(), randomize_inputs=True) == "done"
-    assert seen == [(True, True)] and not engine_profile.in_profile_run()
+    assert seen == [(True, True)] and recording()
 
 
 def test_the_mark_is_cleared_when_the_profile_run_fails():
@@ -73,4 +74,4 @@ def test_the_mark_is_cleared_when_the_profile_run_fails():
 
     with pytest.raises(RuntimeError):
         engine_profile.untimed(profile_run)(object())
-    assert not engine_profile.in_profile_run()
+    assert recording()

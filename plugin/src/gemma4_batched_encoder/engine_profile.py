@@ -18,14 +18,13 @@ standalone CPU runner.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .log import logger
+from .metrics import unrecorded
 
 RUNNERS = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
@@ -33,29 +32,14 @@ RUNNERS = (
     ("vllm.v1.worker.cpu.standalone_model_runner", "StandaloneCPUModelRunner"),
 )
 _PATCHED = "_gemma4_profile_untimed"
-_state = threading.local()  # depth of `profiling` blocks on this thread
-
-
-@contextlib.contextmanager
-def profiling() -> Iterator[None]:
-    """A block whose encoder calls are not recorded."""
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
-
-
-def in_profile_run() -> bool:
-    return bool(getattr(_state, "depth", 0))
 
 
 def untimed(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original`` (a runner's ``profile_run``) inside ``profiling``."""
+    """``original`` (a runner's ``profile_run``) inside ``metrics.unrecorded``."""
 
     @functools.wraps(original)
     def profile_run(*args: Any, **kwargs: Any) -> Any:
-        with profiling():
+        with unrecorded():
             return original(*args, **kwargs)
 
     setattr(profile_run, _PATCHED, True)

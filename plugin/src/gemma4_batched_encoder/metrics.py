@@ -8,6 +8,8 @@ that vLLM's API server aggregates into its /metrics.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,25 @@ SECONDS_LADDER = (
     1.5,
     2.0,
 )
+
+
+_unrecorded = threading.local()  # depth of `unrecorded` blocks on this thread
+
+
+@contextmanager
+def unrecorded() -> Iterator[None]:
+    """The plugin's metrics record nothing on this thread inside the block: vLLM's work on dummy
+    inputs (each API server's processor warm-up, the engine's start-up profile run), which runs
+    the real code but would read as slow served requests in whole-run averages."""
+    _unrecorded.depth = getattr(_unrecorded, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _unrecorded.depth -= 1
+
+
+def recording() -> bool:
+    return not getattr(_unrecorded, "depth", 0)
 
 
 def seconds_buckets(low: float, high: float) -> tuple[float, ...]:

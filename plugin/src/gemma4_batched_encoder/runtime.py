@@ -14,9 +14,8 @@ from torch import nn
 
 from . import __version__
 from .encoder import BatchedVisionEncoder
-from .engine_profile import in_profile_run
 from .log import logger
-from .metrics import NO_METRICS, get_metrics, records_metrics, set_info
+from .metrics import NO_METRICS, get_metrics, recording, records_metrics, set_info
 from .settings import Settings
 from .timing import CallTimer
 
@@ -63,7 +62,6 @@ class EncoderRuntime:
         self._checks = 0
         self._logged: set[str] = set()
         self._call_path: str | None = None
-        self._call_recorded = False  # False in vLLM's profile run (engine_profile.py)
         self._fused_reported: bool | None = None  # written at the first call, then on change
         self._graphs_reported = (0, 0)  # (captured, failed), as the gauges' initial zeros
         self._info = {
@@ -79,8 +77,7 @@ class EncoderRuntime:
     # -- one embed_multimodal call ------------------------------------------------------------
     def begin_call(self, frames: int, images: int) -> None:
         self._call_path = "plugin" if self.active else "stock"
-        self._call_recorded = not in_profile_run()
-        if not self._call_recorded:
+        if not recording():  # vLLM's start-up profile run (engine_profile.py)
             return
         try:
             if frames:
@@ -96,7 +93,7 @@ class EncoderRuntime:
         path = self._call_path or "stock"
         self._call_path = None
         try:
-            if self._call_recorded:
+            if recording():
                 self.metrics.calls.labels(path=path).inc()
                 if self.timer is not None:
                     self.timer.stop(path)

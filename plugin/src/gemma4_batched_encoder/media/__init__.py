@@ -67,6 +67,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..metrics import unrecorded
 from ..vllm_modules import PROCESSOR_MODULES, VIDEO_IO_MODULES, first_attr
 from . import count_check, decode, frame_call, frames, overlap, source_key, stages
 from .env import ENV_UINT8, switch, thread_count, uint8_requested
@@ -326,7 +327,7 @@ def untimed_dummy_inputs(original: Any) -> Any:
     """`get_dummy_mm_inputs` (vLLM's start-up warm-up and profiling) with no stage recorded."""
 
     def get_dummy_mm_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with stages.untimed():
+        with unrecorded():
             return original(self, *args, **kwargs)
 
     return get_dummy_mm_inputs

@@ -11,10 +11,11 @@ sitting saw vLLM's processor grow from 18 to 55 ms under load and could not say 
 with this, saw 2-8% waiting for a CPU at 4 or 8 API servers and 22-34% with torch_shm). Where
 schedstat is missing, `runnable` stays 0 and its time counts as `blocked`.
 
-Calls on dummy inputs are not recorded (`untimed`, around vLLM's `get_dummy_mm_inputs`): each
-API server's start-up warm-up of vLLM 0.33 processes the largest items the model allows (15-20 s
-an API server), and the thirtieth and thirty-first sittings misread that in whole-run averages as
-a processor slowed by load (46 ms a video; 11 ms over the sweeps themselves).
+Calls on dummy inputs are not recorded (`metrics.unrecorded`, around vLLM's
+`get_dummy_mm_inputs`): each API server's start-up warm-up of vLLM 0.33 processes the largest
+items the model allows (15-20 s an API server), and the thirtieth and thirty-first sittings
+misread that in whole-run averages as a processor slowed by load (46 ms a video; 11 ms over the
+sweeps themselves).
 
 The metrics are created lazily, once per process, in the process where a stage runs (the API
 server for everything measured here). With PROMETHEUS_MULTIPROC_DIR set (images/entrypoint.sh
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from ..metrics import seconds_buckets
+from ..metrics import recording, seconds_buckets
 from ..procfs import run_queue_seconds
 
 METRIC_NAME = "gemma4_media_preprocess_seconds"
@@ -116,23 +117,6 @@ count_check = labelled_counter(
     "vLLM's own decode ran).",
     "outcome",
 )
-
-
-_untimed = threading.local()  # depth of `untimed` blocks on this thread
-
-
-@contextmanager
-def untimed() -> Iterator[None]:
-    """Stages on this thread inside the block are not recorded (vLLM's dummy inputs)."""
-    _untimed.depth = getattr(_untimed, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _untimed.depth -= 1
-
-
-def recording() -> bool:
-    return not getattr(_untimed, "depth", 0)
 
 
 def observe(stage: str, seconds: float) -> None:
