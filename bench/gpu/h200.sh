@@ -104,6 +104,13 @@
 #   bench/gpu/h200.sh config NAME PORT RATES DURATION [ENV=VAL ...]   serve + wait + measure
 #                                           (+ profile at $PROFILE_RATE) + stop, all files of it
 #                                           in one $OUT/NAME.tgz: one configuration per call
+#   bench/gpu/h200.sh pair NAME RATES DURATION A PORT_A [ENV=VAL ...] -- B PORT_B [ENV=VAL ...]
+#                                           two configurations with one cold start: both served
+#                                           at once on the GPU, then `measure`d one after the
+#                                           other (each while the other idles), logs, stop; all
+#                                           in $OUT/NAME.tgz. Each EXTRA_ARGS needs a fixed KV
+#                                           cache ($TOGETHER_ARGS or larger: vLLM's memory profile
+#                                           counts the other server's memory); thirty-second sitting
 #   bench/gpu/h200.sh bg NAME STEP ARGS...  `packed NAME STEP ARGS` in the background (a GPU step
 #                                           while the wheelhouse is still being staged)
 #   bench/gpu/h200.sh collect NAME [LIMIT_S]   wait for that background step (at most LIMIT_S,
@@ -822,6 +829,39 @@ config-steps)
   fi
   cp "/tmp/vllm-$name.log" "$OUT/$name-server.log" 2>/dev/null || true
   stop_server "$port" # the next configuration reuses the port
+  ;;
+pair)
+  bash "$REPO/bench/gpu/h200.sh" packed "${1:?name}" pair-steps "$@"
+  ;;
+pair-steps)
+  # pair's steps, unpacked (measure takes WORKLOADS, SEARCH_MAX etc. from the environment)
+  rates="${2:?rates}" duration="${3:?duration}"
+  shift 3
+  first=()
+  while (($#)) && [[ "$1" != -- ]]; do
+    first+=("$1")
+    shift
+  done
+  if (($# < 3 || ${#first[@]} < 2)); then
+    echo "pair: NAME RATES DURATION A PORT_A [ENV=VAL ...] -- B PORT_B [ENV=VAL ...]" >&2
+    exit 2
+  fi
+  shift # the --
+  second=("$@")
+  self="$REPO/bench/gpu/h200.sh"
+  bash "$self" serve "${first[@]}"
+  bash "$self" serve "${second[@]}"
+  if bash "$self" wait "${first[1]}" "${second[1]}"; then
+    for cfg in "${first[0]} ${first[1]}" "${second[0]} ${second[1]}"; do
+      read -r name port <<<"$cfg"
+      bash "$self" measure "$name" "$port" "$rates" "$duration" || echo "measure $name: exit $?"
+    done
+  fi
+  for cfg in "${first[0]} ${first[1]}" "${second[0]} ${second[1]}"; do
+    read -r name port <<<"$cfg"
+    cp "/tmp/vllm-$name.log" "$OUT/$name-server.log" 2>/dev/null || true
+    stop_server "$port"
+  done
   ;;
 *)
   echo "unknown step $cmd" >&2
