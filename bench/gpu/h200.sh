@@ -191,6 +191,12 @@ stop_server() {
   sleep 5
 }
 
+# finish_server NAME PORT: its whole log into $OUT, then stop it (the next one may reuse the port).
+finish_server() {
+  cp "/tmp/vllm-$1.log" "$OUT/$1-server.log" 2>/dev/null || true
+  stop_server "$2"
+}
+
 # The plugin's settings as the chart sets them (values.yaml server.pluginEnv).
 CHART_ENV="GEMMA4_ENGINE_GPU_BATCHING=1 GEMMA4_MEDIA_UINT8=on GEMMA4_MEDIA_FRAME_THREADS=2"
 
@@ -827,8 +833,7 @@ config-steps)
         echo "profile: exit $?"
     fi
   fi
-  cp "/tmp/vllm-$name.log" "$OUT/$name-server.log" 2>/dev/null || true
-  stop_server "$port" # the next configuration reuses the port
+  finish_server "$name" "$port"
   ;;
 pair)
   bash "$REPO/bench/gpu/h200.sh" packed "${1:?name}" pair-steps "$@"
@@ -848,20 +853,17 @@ pair-steps)
   fi
   shift # the --
   second=("$@")
+  names=("${first[0]}" "${second[0]}") ports=("${first[1]}" "${second[1]}")
   self="$REPO/bench/gpu/h200.sh"
   bash "$self" serve "${first[@]}"
   bash "$self" serve "${second[@]}"
-  if bash "$self" wait "${first[1]}" "${second[1]}"; then
-    for cfg in "${first[0]} ${first[1]}" "${second[0]} ${second[1]}"; do
-      read -r name port <<<"$cfg"
-      bash "$self" measure "$name" "$port" "$rates" "$duration" || echo "measure $name: exit $?"
+  if bash "$self" wait "${ports[@]}"; then
+    for i in 0 1; do
+      bash "$self" measure "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
+        echo "measure ${names[i]}: exit $?"
     done
   fi
-  for cfg in "${first[0]} ${first[1]}" "${second[0]} ${second[1]}"; do
-    read -r name port <<<"$cfg"
-    cp "/tmp/vllm-$name.log" "$OUT/$name-server.log" 2>/dev/null || true
-    stop_server "$port"
-  done
+  for i in 0 1; do finish_server "${names[i]}" "${ports[i]}"; done
   ;;
 *)
   echo "unknown step $cmd" >&2

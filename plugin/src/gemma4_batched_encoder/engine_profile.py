@@ -7,8 +7,8 @@ there: on the thirty-first sitting's H100 that one call took 29.5 s, which sat i
 sitting's sweep), so lifetime averages (sum over count, what a bench reads without a baseline)
 read as a slow encoder (Prometheus's rates did not see it: it precedes the first scrape). Those
 calls still run through the plugin (the profile must measure what serving will use); only their
-recording is skipped, the way the media stages skip vLLM's dummy processor inputs
-(media/stages.py, ``untimed``).
+recording is skipped (``metrics.unrecorded``), as for the media stages on vLLM's dummy processor
+inputs (media/__init__.py, ``untimed_dummy_inputs``).
 
 Installed where the model is built (the engine core with one GPU, the workers otherwise), on
 every model runner of this vLLM that defines ``profile_run`` (``RUNNERS``): Model Runner V1
