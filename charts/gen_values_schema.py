@@ -208,10 +208,16 @@ VALUES = obj(
                     "minimum": 1,
                     "description": "--max-num-batched-tokens; null = vLLM's default",
                 },
+                "attentionBackend": {
+                    "type": ["string", "null"],
+                    "pattern": "^[A-Z][A-Z0-9_]*$",
+                    "description": "--attention-backend (a vLLM AttentionBackendEnum name, "
+                    "e.g. TRITON_ATTN); null = vLLM's choice",
+                },
                 "compilationConfig": {
-                    "type": "object",
+                    "type": ["object", "null"],
                     "description": "vLLM's --compilation-config as a map (one JSON argument); "
-                    "{} = vLLM's default",
+                    "null = vLLM's default ({} merges with the chart's keys and keeps them)",
                 },
                 "apiKey": ref("secretRef"),
                 "pluginEnv": {

@@ -33,6 +33,14 @@ SELECTOR = {
 }
 SECRET_VALUE = "hf_THIS_MUST_NEVER_APPEAR"
 
+# the chart's default CUDA graph flags (values.yaml: maxNumBatchedTokens, attentionBackend,
+# compilationConfig), rendered in this order between --api-server-count and extraArgs
+GRAPH_PROFILE = (
+    *("--max-num-batched-tokens", "2560"),
+    *("--attention-backend", "TRITON_ATTN"),
+    *("--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}'),
+)
+
 
 def env_of(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
@@ -65,8 +73,9 @@ def test_scheduling_values_pass_through():
 def test_serve_command_env_and_default_args():
     container = deployment_container(render("default"))
     assert container["command"] == ["/usr/local/bin/gemma4-entrypoint"]
-    # the blog flags come from images/entrypoint.sh; the chart adds only the API servers
-    assert container["args"] == ["--api-server-count", "8"]
+    # the blog flags come from images/entrypoint.sh; the chart adds the API servers and its
+    # CUDA graph profile
+    assert container["args"] == ["--api-server-count", "8", *GRAPH_PROFILE]
     assert int(container["resources"]["requests"]["cpu"]) >= 8 + 4
     env = env_of(container)
     assert env["MODEL"]["value"] == "google/gemma-4-E4B-it"
@@ -111,37 +120,63 @@ def test_extra_args_and_api_server_count():
     container = deployment_container(render("autoscaling-multi-replica"))
     assert container["args"] == [
         *("--api-server-count", "2"),
+        *GRAPH_PROFILE,
         *("--served-model-name", "google/gemma-4-E4B-it", "--max-num-seqs", "64"),
     ]
-    one = deployment_container(render("default", sets=("server.apiServerCount=null",)))
-    assert "args" not in one  # null: vLLM's own default
+    one = deployment_container(render("vllm-default-graphs", sets=("server.apiServerCount=null",)))
+    assert "args" not in one  # null everywhere: vLLM's own defaults, no flags
 
 
-def test_compilation_config_and_batched_tokens_render_before_extra_args():
+def test_graph_profile_renders_before_extra_args():
+    """The chart's default is the FULL graph profile (thirty-third sitting: the ceiling where the
+    engine thread binds); its flags come before extraArgs, so a user's flag still wins."""
     container = deployment_container(
-        render("full-cuda-graphs", sets=("server.extraArgs={--max-num-seqs,64}",))
+        render("default", sets=("server.extraArgs={--max-num-seqs,64}",))
     )
     assert container["args"] == [
         *("--api-server-count", "8"),
-        *("--max-num-batched-tokens", "2560"),
-        *("--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}'),
+        *GRAPH_PROFILE,
         *("--max-num-seqs", "64"),  # last: a user's flag still wins
     ]
     # FULL graphs keep the image ranges through the plugin's auto default: nothing to set
     assert "GEMMA4_ENGINE_GRAPH_RANGES" not in env_of(container)
-    # the profile's own extraArgs pin the backend whose graphs take mixed steps whole (vLLM 0.33
-    # on Hopper would pick TRITON_FLASH_ATTN and narrow FULL: twenty-eighth sitting)
-    profile = deployment_container(render("full-cuda-graphs"))["args"]
-    assert profile[-2:] == ["--attention-backend", "TRITON_ATTN"]
-    default = deployment_container(render("default"))["args"]
-    assert "--compilation-config" not in default and "--max-num-batched-tokens" not in default
+    # a user's extraArgs no longer carry the backend away (it has its own value)
+    assert container["args"].count("--attention-backend") == 1
+
+
+def test_vllm_default_graphs_profile_drops_every_graph_flag():
+    """The profile resets the three keys with null (an empty map would merge with the chart's)."""
+    args = deployment_container(render("vllm-default-graphs"))["args"]
+    assert args == ["--api-server-count", "8"]
+    # the same by --set, which users reach for first
+    reset = deployment_container(
+        render(
+            "default",
+            sets=(
+                "server.compilationConfig=null",
+                "server.attentionBackend=null",
+                "server.maxNumBatchedTokens=null",
+            ),
+        )
+    )["args"]
+    assert reset == ["--api-server-count", "8"]
+    # {} is merged, not a reset: the chart's FULL keys stay
+    merged = deployment_container(render("default", values="server:\n  compilationConfig: {}\n"))
+    assert '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}' in merged["args"]
+
+
+def test_attention_backend_is_validated():
+    proc = helm(
+        "template", "x", str(CHART), "--set", "server.attentionBackend=triton attn", check=False
+    )
+    assert proc.returncode != 0 and "attentionBackend" in proc.stderr
 
 
 @pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
 def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
     from chartlib import helm
 
-    profile = profile_file("full-cuda-graphs")
+    profile = profile_file("default")
     proc = helm(  # (not render(): it would raise before stderr is read)
         "template",
         "x",
@@ -159,7 +194,7 @@ def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
     # an explicit width is the user's choice, and the plugin keeps the ranges with it
     env = env_of(
         deployment_container(
-            render("full-cuda-graphs", sets=("server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES=8",))
+            render("default", sets=("server.pluginEnv.GEMMA4_ENGINE_GRAPH_RANGES=8",))
         )
     )
     assert env["GEMMA4_ENGINE_GRAPH_RANGES"]["value"] == "8"
@@ -169,11 +204,9 @@ def test_full_graphs_leave_the_model_runner_to_vllm():
     """The plugin's graph-safe image ranges hook both of vLLM's model runners (V2: the image's
     0.33.0 default; checked bit for bit against eager on a GPU with 0.26.0), so the chart sets
     no runner; a user's own VLLM_USE_V2_MODEL_RUNNER passes through once."""
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in env_of(
-        deployment_container(render("full-cuda-graphs"))
-    )
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in env_of(deployment_container(render("default")))
     own = 'server:\n  extraEnv:\n    - {name: VLLM_USE_V2_MODEL_RUNNER, value: "0"}\n'
-    env = deployment_container(render("full-cuda-graphs", values=own))["env"]
+    env = deployment_container(render("default", values=own))["env"]
     assert [e for e in env if e["name"] == "VLLM_USE_V2_MODEL_RUNNER"] == [
         {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"}
     ]
@@ -186,6 +219,7 @@ def test_flag_override_is_appended_verbatim():
     container = deployment_container(render(values=values))
     assert container["args"] == [
         *("--api-server-count", "8"),
+        *GRAPH_PROFILE,
         *("--limit-mm-per-prompt", '{"image": 4}', "--enable-prefix-caching"),
     ]
 

@@ -41,7 +41,7 @@ def test_profiles_present():
         "minimal",
         "autoscaling-multi-replica",
         "no-prometheus-operator",
-        "full-cuda-graphs",
+        "vllm-default-graphs",
         "keda-slo-trigger",
     }
 

@@ -693,20 +693,24 @@ def test_notes_warn_without_token_and_follow_metrics_mode():
 
 def test_notes_warn_that_full_graphs_narrow_on_the_images_vllm():
     """vLLM 0.33+ on Hopper narrows FULL to FULL_AND_PIECEWISE for Gemma 4 (TRITON_FLASH_ATTN;
-    twenty-seventh sitting) unless an attention backend is chosen: the FULL profile chooses
-    TRITON_ATTN (twenty-eighth), and the notes warn when a user's extraArgs drop it."""
+    twenty-seventh sitting) unless an attention backend is chosen: the chart's default chooses
+    TRITON_ATTN (twenty-eighth), and the notes warn when a user's values drop it."""
     warning = "narrows FULL to FULL_AND_PIECEWISE"
     assert warning not in install_dry_run(profile="default")["info"]["notes"]
-    assert warning not in install_dry_run(profile="full-cuda-graphs")["info"]["notes"]
-    # a list set replaces the profile's list, backend and all
-    dropped = install_dry_run("server.extraArgs={--max-num-seqs,64}", profile="full-cuda-graphs")
+    assert warning not in install_dry_run(profile="vllm-default-graphs")["info"]["notes"]
+    # extraArgs no longer replace the backend: it has its own value
+    own = install_dry_run("server.extraArgs={--max-num-seqs,64}", profile="default")
+    assert warning not in own["info"]["notes"]
+    dropped = install_dry_run("server.attentionBackend=null", profile="default")
     assert warning in dropped["info"]["notes"]
-    assert "--attention-backend, TRITON_ATTN" in dropped["info"]["notes"]
-    lower = install_dry_run("server.compilationConfig.cudagraph_mode=full", profile="default")
+    assert "server.attentionBackend=TRITON_ATTN" in dropped["info"]["notes"]
+    lower = install_dry_run(
+        "server.compilationConfig.cudagraph_mode=full", profile="vllm-default-graphs"
+    )
     assert warning in lower["info"]["notes"]  # vLLM takes the lower-case spelling too
     chosen = install_dry_run(
-        "server.compilationConfig.cudagraph_mode=FULL",
-        "server.extraArgs={--attention-backend=TRITON_ATTN}",
+        "server.attentionBackend=null",
+        "server.extraArgs={--attention-backend=FLASHINFER}",
         profile="default",
     )
-    assert warning not in chosen["info"]["notes"]
+    assert warning not in chosen["info"]["notes"]  # the user's own choice in extraArgs
