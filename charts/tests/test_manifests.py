@@ -174,8 +174,6 @@ def test_attention_backend_is_validated():
 
 @pytest.mark.parametrize(("value", "mode"), [("0", "FULL"), ("off", "FULL"), ("false", "full")])
 def test_full_graphs_without_the_range_buffer_are_refused(value, mode):
-    from chartlib import helm
-
     profile = profile_file("default")
     proc = helm(  # (not render(): it would raise before stderr is read)
         "template",
