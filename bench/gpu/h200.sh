@@ -98,6 +98,7 @@
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
 #                                           greedy outputs or TTFT gap, a short warm-up instead;
+#                                           SWEEP=0: those only, no sweep;
 #                                           VIDEO_CODEC=h264: H.264 clips in the gap and sweep;
 #                                           LOADTEST_ARGS: more slo-loadtest options, e.g.
 #                                           --connection-per-request)
@@ -106,8 +107,9 @@
 #                                           in one $OUT/NAME.tgz: one configuration per call
 #   bench/gpu/h200.sh pair NAME RATES DURATION A PORT_A [ENV=VAL ...] -- B PORT_B [ENV=VAL ...]
 #                                           two configurations with one cold start: both served
-#                                           at once on the GPU, then `measure`d one after the
-#                                           other (each while the other idles), logs, stop; all
+#                                           at once on the GPU; both probed (greedy, gap,
+#                                           bursts), then both swept, one at a time while the
+#                                           other idles; logs, stop; all
 #                                           in $OUT/NAME.tgz. Each EXTRA_ARGS needs a fixed KV
 #                                           cache ($TOGETHER_ARGS or larger: vLLM's memory profile
 #                                           counts the other server's memory); thirty-second sitting
@@ -702,6 +704,7 @@ measure)
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 3 \
       --burst 16 --out "/tmp/warmup-$name.json" >/dev/null || echo "warm-up: exit $?"
   fi
+  [[ "${SWEEP:-1}" == 0 ]] && exit 0 # pair: the probe now, the sweep later
   save_metrics "$port" "$OUT/$name-metrics-before.txt" # the sweep's own per-stage breakdown
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
@@ -858,9 +861,16 @@ pair-steps)
   bash "$self" serve "${first[@]}"
   bash "$self" serve "${second[@]}"
   if bash "$self" wait "${ports[@]}"; then
+    # Both servers' single requests and bursts first, then both sweeps: in the thirty-third
+    # sitting the server probed after the other's sweep had the higher gap in both orders
+    # (29 against 35-37 ms), whichever profile it ran.
     for i in 0 1; do
-      bash "$self" measure "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
-        echo "measure ${names[i]}: exit $?"
+      SWEEP=0 bash "$self" measure "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
+        echo "probe ${names[i]}: exit $?"
+    done
+    for i in 0 1; do
+      SWEEP_ONLY=1 bash "$self" measure "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
+        echo "sweep ${names[i]}: exit $?"
     done
   fi
   for i in 0 1; do finish_server "${names[i]}" "${ports[i]}"; done
