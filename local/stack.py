@@ -1,7 +1,9 @@
 """The local stack: real vLLM (CPU) and real Prometheus as supervised local processes.
 
 vLLM is started through `images/entrypoint.sh`, the container's own entrypoint, so the command
-and flags the chart deploys are the ones exercised here. Prometheus scrapes it with the chart's
+and the blog's flags the chart deploys are the ones exercised here, with the chart's plugin
+switches and warm-up; its GPU-only flags (the CUDA graph profile, the attention backend) are left
+to vLLM's CPU defaults. Prometheus scrapes it with the chart's
 scrape settings (read from the chart's values.yaml) and loads the rule files the chart ships.
 Every process runs in its own process group and dies with its supervisor (PR_SET_PDEATHSIG), so
 Ctrl-C or a crash leaves nothing behind.
