@@ -113,6 +113,8 @@
 #                                           in $OUT/NAME.tgz. Each EXTRA_ARGS needs a fixed KV
 #                                           cache ($TOGETHER_ARGS or larger: vLLM's memory profile
 #                                           counts the other server's memory); thirty-second sitting
+#   bench/gpu/h200.sh chart-args            the chart's flags after the blog's (API servers, CUDA
+#                                           graph profile), for EXTRA_ARGS="$($B chart-args) ..."
 #   bench/gpu/h200.sh bg NAME STEP ARGS...  `packed NAME STEP ARGS` in the background (a GPU step
 #                                           while the wheelhouse is still being staged)
 #   bench/gpu/h200.sh collect NAME [LIMIT_S]   wait for that background step (at most LIMIT_S,
@@ -201,6 +203,10 @@ finish_server() {
 
 # The plugin's settings as the chart sets them (values.yaml server.pluginEnv).
 CHART_ENV="GEMMA4_ENGINE_GPU_BATCHING=1 GEMMA4_MEDIA_UINT8=on GEMMA4_MEDIA_FRAME_THREADS=2"
+# The chart's own flags after the blog's (server.apiServerCount and its FULL CUDA graph profile:
+# maxNumBatchedTokens, attentionBackend, compilationConfig), as the entrypoint passes them;
+# `h200.sh chart-args` prints them for EXTRA_ARGS (a test keeps them equal to the chart's).
+CHART_ARGS="--api-server-count 8 --max-num-batched-tokens 2560 --attention-backend TRITON_ATTN -cc.cudagraph_mode=FULL -cc.max_cudagraph_capture_size=2560"
 
 # Servers started together need fixed KV sizes (one profiling while another loads sizes it wrong).
 TOGETHER_ARGS="--gpu-memory-utilization 0.1 --kv-cache-memory-bytes 4G"
@@ -837,6 +843,9 @@ config-steps)
     fi
   fi
   finish_server "$name" "$port"
+  ;;
+chart-args)
+  echo "$CHART_ARGS"
   ;;
 pair)
   bash "$REPO/bench/gpu/h200.sh" packed "${1:?name}" pair-steps "$@"

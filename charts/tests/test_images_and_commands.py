@@ -320,3 +320,31 @@ def test_gpu_sittings_serve_the_plugin_as_the_chart_configures_it():
     assert sittings == {k: str(v) for k, v in values.items()}
     env = {e["name"]: e.get("value") for e in deployment_container(render("default"))["env"]}
     assert all(env.get(k) == v for k, v in sittings.items()), env
+
+
+def test_gpu_sittings_serve_the_charts_flags(tmp_path):
+    """`h200.sh chart-args` (what a GPU sitting passes as the chart's configuration) is the chart's
+    default Deployment args: the same flags and values, vLLM's dotted -cc.KEY=VALUE form standing
+    for the one --compilation-config JSON argument."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu" / "h200.sh"), "chart-args"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"], "OUT": str(tmp_path)},  # its out folder, made at start
+    ).stdout.split()
+    sittings: dict[str, object] = {}
+    compilation: dict[str, object] = {}
+    words = iter(out)
+    for word in words:
+        if word.startswith("-cc."):
+            key, value = word.removeprefix("-cc.").split("=", 1)
+            compilation[key] = int(value) if value.isdigit() else value
+        else:
+            sittings[word] = next(words)
+    chart: dict[str, object] = {}
+    args = iter(deployment_container(render("default"))["args"])
+    for flag in args:
+        chart[flag] = next(args)
+    assert json.loads(str(chart.pop("--compilation-config"))) == compilation
+    assert chart == sittings
