@@ -43,6 +43,14 @@ RELEASE = "rel"
 NAMESPACE = "serve"
 FULLNAME = f"{RELEASE}-gemma4-serving"
 
+# the chart's default CUDA graph flags (values.yaml: maxNumBatchedTokens, attentionBackend,
+# compilationConfig), rendered in this order between --api-server-count and extraArgs
+GRAPH_PROFILE = (
+    *("--max-num-batched-tokens", "2560"),
+    *("--attention-backend", "TRITON_ATTN"),
+    *("--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}'),
+)
+
 
 def require_tool(path: Path | str | None, what: str) -> str:
     if path is None or not (Path(path).exists() or shutil.which(str(path))):

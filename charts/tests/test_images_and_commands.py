@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chartlib import CHART, ROOT, deployment_container, one, render, require_tool
+from chartlib import (
+    CHART,
+    GRAPH_PROFILE,
+    ROOT,
+    deployment_container,
+    one,
+    render,
+    require_tool,
+)
 
 IMAGES = ROOT / "images"
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -120,18 +128,13 @@ def test_serving_container_runs_the_blog_command(tmp_path):
     argv = run(deployment_container(render("default")))
     assert argv[:3] == ["serve", "--model", "google/gemma-4-E4B-it"]
     assert argv[argv.index("--port") + 1] == "8000"
-    chart_flags = [
-        *("--api-server-count", "8"),
-        *("--max-num-batched-tokens", "2560"),
-        *("--attention-backend", "TRITON_ATTN"),
-        *("--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}'),
-    ]
+    chart_flags = ["--api-server-count", "8", *GRAPH_PROFILE]
     assert argv[-len(chart_flags) :] == chart_flags  # the JSON argument arrives as one word
     assert argv[-len(BLOG_FLAGS) - len(chart_flags) : -len(chart_flags)] == BLOG_FLAGS  # exactly
     argv = run(deployment_container(render("autoscaling-multi-replica")))
     extra = ["--served-model-name", "google/gemma-4-E4B-it", "--max-num-seqs", "64"]
     assert argv[-4:] == extra  # overrides last (later flags win)
-    assert argv[-12:-4] == ["--api-server-count", "2", *chart_flags[2:]]
+    assert argv[-12:-4] == ["--api-server-count", "2", *GRAPH_PROFILE]
     assert argv[-18:-12] == BLOG_FLAGS  # defaults first
     assert argv[:3] == ["serve", "--model", "/models/weights/gemma-4-E4B-it"]  # the synced copy
 

@@ -11,6 +11,7 @@ from chartlib import (
     API_VARIANTS,
     CHART,
     FULLNAME,
+    GRAPH_PROFILE,
     NAMESPACE,
     PROFILES,
     RELEASE,
@@ -32,14 +33,6 @@ SELECTOR = {
     "app.kubernetes.io/component": "server",
 }
 SECRET_VALUE = "hf_THIS_MUST_NEVER_APPEAR"
-
-# the chart's default CUDA graph flags (values.yaml: maxNumBatchedTokens, attentionBackend,
-# compilationConfig), rendered in this order between --api-server-count and extraArgs
-GRAPH_PROFILE = (
-    *("--max-num-batched-tokens", "2560"),
-    *("--attention-backend", "TRITON_ATTN"),
-    *("--compilation-config", '{"cudagraph_mode":"FULL","max_cudagraph_capture_size":2560}'),
-)
 
 
 def env_of(container: dict) -> dict[str, dict]:
