@@ -98,7 +98,8 @@
 #                                           SLO sweep (text, video) with a search past the last rate
 #                                           (WORKLOADS=video|text: one sweep; SWEEP_ONLY=1: no
 #                                           greedy outputs or TTFT gap, a short warm-up instead;
-#                                           SWEEP=0: those only, no sweep;
+#                                           the halves alone: `probe NAME PORT`, `sweep NAME PORT
+#                                           RATES DURATION`;
 #                                           VIDEO_CODEC=h264: H.264 clips in the gap and sweep;
 #                                           LOADTEST_ARGS: more slo-loadtest options, e.g.
 #                                           --connection-per-request)
@@ -695,22 +696,32 @@ measure)
   name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
   cd "$REPO"
   if [[ -z "${SWEEP_ONLY:-}" ]]; then
-    python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
-      --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
-    # --watch-dir: which kernels compile during each phase (the ~1 s burst stalls of the ninth
-    # and tenth sittings; tenth sitting's NOTES, section 3)
-    python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-      --video-codec "${VIDEO_CODEC:-mpeg4}" --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
-      --watch-dir "$HOME/.cache/vllm" --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
-  fi
-  if [[ -n "${SWEEP_ONLY:-}" ]]; then
+    bash "$REPO/bench/gpu/h200.sh" probe "$name" "$port"
+  else
     # A fresh server captures its encoder CUDA graphs (one per batch bucket) on first use: warm
     # them before the sweep, as the TTFT-gap run does otherwise (the seventh sitting's uint8 run
     # went straight into 40 req/s and was confounded by it).
     python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 3 \
       --burst 16 --out "/tmp/warmup-$name.json" >/dev/null || echo "warm-up: exit $?"
   fi
-  [[ "${SWEEP:-1}" == 0 ]] && exit 0 # pair: the probe now, the sweep later
+  bash "$REPO/bench/gpu/h200.sh" sweep "$name" "$port" "$rates" "$duration"
+  ;;
+probe)
+  # greedy outputs, the single-request TTFT gap and bursts (measure's first half)
+  name="${1:?name}" port="${2:?port}"
+  cd "$REPO"
+  python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
+    --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
+  # --watch-dir: which kernels compile during each phase (the ~1 s burst stalls of the ninth
+  # and tenth sittings; tenth sitting's NOTES, section 3)
+  python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
+    --video-codec "${VIDEO_CODEC:-mpeg4}" --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
+    --watch-dir "$HOME/.cache/vllm" --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
+  ;;
+sweep)
+  # the SLO sweep with the metrics around it and the log excerpt (measure's second half)
+  name="${1:?name}" port="${2:?port}" rates="${3:?rates}" duration="${4:?duration}"
+  cd "$REPO"
   save_metrics "$port" "$OUT/$name-metrics-before.txt" # the sweep's own per-stage breakdown
   slo-loadtest run --target "http://127.0.0.1:$port" --model "$SERVED" --workloads "${WORKLOADS:-text,video}" \
     --rates "$rates" --duration "$duration" --warmup 2 --max-workers 8 --tokenizer "$MODEL_DIR" \
@@ -874,11 +885,10 @@ pair-steps)
     # sitting the server probed after the other's sweep had the higher gap in both orders
     # (29 against 35-37 ms), whichever profile it ran.
     for i in 0 1; do
-      SWEEP=0 bash "$self" measure "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
-        echo "probe ${names[i]}: exit $?"
+      bash "$self" probe "${names[i]}" "${ports[i]}" || echo "probe ${names[i]}: exit $?"
     done
     for i in 0 1; do
-      SWEEP_ONLY=1 bash "$self" measure "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
+      bash "$self" sweep "${names[i]}" "${ports[i]}" "$rates" "$duration" ||
         echo "sweep ${names[i]}: exit $?"
     done
   fi
