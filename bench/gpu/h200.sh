@@ -227,11 +227,15 @@ stage)
   ls /tmp/parts | wc -l
   ;;
 prebuild)
-  # the model needs only the host's torch + transformers: build it while parts are staged
+  # the model needs only the host's torch + transformers: build it while parts are staged. From a
+  # copy: each later call replaces the tree under it (the thirty-fourth sitting's prebuild, run
+  # from the tree, failed to import the plugin midway).
+  rm -rf /tmp/prebuild && mkdir -p /tmp/prebuild
+  cp "$REPO/local/build_model.py" /tmp/prebuild/ && cp -r "$REPO/plugin/src/gemma4_batched_encoder" /tmp/prebuild/
   (
-    cd "$REPO"
-    export PYTHONPATH="$REPO/plugin/src" # the builder reads the plugin's presets; not installed yet
-    setsid nohup bash -c "python3 local/build_model.py --vision e4b --text e4b --weights $WEIGHTS \
+    cd /tmp/prebuild
+    export PYTHONPATH=/tmp/prebuild # the builder reads the plugin's presets; not installed yet
+    setsid nohup bash -c "python3 build_model.py --vision e4b --text e4b --weights $WEIGHTS \
       --device cuda --out $MODEL_DIR $BUILD_ARGS && touch /tmp/model-built" \
       >/tmp/model-build.log 2>&1 &
     echo $! >/tmp/model-build.pid
