@@ -145,6 +145,8 @@ WEIGHTS="${WEIGHTS:-random}"
 # WEIGHTS=dummy exit silently before any step; 2026-11-30, sixth sitting.)
 BUILD_ARGS="${BUILD_ARGS-$([[ $WEIGHTS == random ]] && echo --uniform-head-dim || true)}"
 MODEL_DIR="/tmp/gemma4-e4b-$WEIGHTS"
+# local/build_model.py's arguments, for prebuild (in the background) and install (its fallback)
+MODEL_ARGS="--vision e4b --text e4b --weights $WEIGHTS --device cuda --out $MODEL_DIR $BUILD_ARGS"
 SERVED="gemma-4-E4B-it-$WEIGHTS"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -235,8 +237,7 @@ prebuild)
   (
     cd /tmp/prebuild
     export PYTHONPATH=/tmp/prebuild # the builder reads the plugin's presets; not installed yet
-    setsid nohup bash -c "python3 build_model.py --vision e4b --text e4b --weights $WEIGHTS \
-      --device cuda --out $MODEL_DIR $BUILD_ARGS && touch /tmp/model-built" \
+    setsid nohup bash -c "python3 build_model.py $MODEL_ARGS && touch /tmp/model-built" \
       >/tmp/model-build.log 2>&1 &
     echo $! >/tmp/model-build.pid
   )
@@ -266,8 +267,7 @@ install)
   else
     # no prebuild, or it failed (its log's last lines say why): build now, with the site installed
     [[ -e /tmp/model-build.log ]] && echo "background build failed: $(tail -n 1 /tmp/model-build.log)"
-    python3 "$REPO/local/build_model.py" --vision e4b --text e4b --weights "$WEIGHTS" --device cuda \
-      --out "$MODEL_DIR" $BUILD_ARGS
+    python3 "$REPO/local/build_model.py" $MODEL_ARGS
   fi
   du -sh "$MODEL_DIR"
   python3 -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(),
