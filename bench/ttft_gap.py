@@ -7,6 +7,10 @@ request, made with slo_loadtest's generator; MPEG-4 Part 2, or H.264 with --vide
 10 output tokens. Requests are sequential for the
 gap (median of n after 3 warm-ups); a burst sends k videos at once and reports the spread of
 their TTFTs. TTFT = first streamed content delta, measured by an httpx client on the same host.
+A request stops reading at its first content, which closes its connection, so the next one
+opens a new connection while the server still generates the rest; `--drain` reads each stream
+to its end (one reused connection, each request on an idle engine), `--fresh-connections`
+then opens a new connection each time all the same.
 
 Where the time went, per phase (the sequential videos, each warm burst): the server's /metrics
 before and after, as mean ms per observation of each stage (the plugin's media stages and encoder
@@ -158,15 +162,32 @@ def _body(model: str, content: object) -> dict:
     return chat_body(model, content, stream=True)
 
 
-async def ttft(client: httpx.AsyncClient, url: str, body: dict) -> float:
+async def ttft(client: httpx.AsyncClient, url: str, body: dict, drain: bool = False) -> float:
+    """ms to the first streamed content. Leaving the stream there closes its connection (the
+    next request opens a new one, on any of several API servers) while the server still
+    generates the rest; `drain` reads to the end instead, so the connection is reused and the
+    next request starts on an idle engine."""
     t0 = time.perf_counter()
+    first: float | None = None
     async with client.stream("POST", url, json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
         async for line in resp.aiter_lines():
-            if line.startswith("data: ") and '"content"' in line:
-                return 1000 * (time.perf_counter() - t0)
-    raise RuntimeError("stream ended without content")
+            if first is None and line.startswith("data: ") and '"content"' in line:
+                first = 1000 * (time.perf_counter() - t0)
+                if not drain:
+                    return first
+    if first is None:
+        raise RuntimeError("stream ended without content")
+    return first
+
+
+def probe_client(fresh_connections: bool = False) -> httpx.AsyncClient:
+    """The probe's client; with `fresh_connections` no connection is kept between requests, so
+    each request opens its own (and with several API servers may land on any of them)."""
+    if fresh_connections:
+        return httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0))
+    return httpx.AsyncClient(timeout=120)
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -177,6 +198,8 @@ async def run(args: argparse.Namespace) -> dict:
         "model": args.model,
         "n": args.n,
         "video_codec": args.video_codec,
+        "drain": args.drain,
+        "fresh_connections": args.fresh_connections,
     }
     watch = CompileWatch(args.watch_dir)
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -187,16 +210,17 @@ async def run(args: argparse.Namespace) -> dict:
             [{"type": "text", "text": "describe"}, {"type": "video_url", "video_url": {"url": v}}]
             for v in videos
         ]
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with probe_client(args.fresh_connections) as client:
+            d = args.drain
             for _ in range(3):  # warm-up
-                await ttft(client, url, _body(args.model, text))
-                await ttft(client, url, _body(args.model, video_content.pop()))
+                await ttft(client, url, _body(args.model, text), d)
+                await ttft(client, url, _body(args.model, video_content.pop()), d)
             watch.mark("warm-up")
-            text_ms = [await ttft(client, url, _body(args.model, text)) for _ in range(args.n)]
+            text_ms = [await ttft(client, url, _body(args.model, text), d) for _ in range(args.n)]
             watch.mark("text, one at a time")
             before = await scrape(client, args.target)
             video_ms = [
-                await ttft(client, url, _body(args.model, video_content.pop()))
+                await ttft(client, url, _body(args.model, video_content.pop()), d)
                 for _ in range(args.n)
             ]
             watch.mark("video, one at a time")
@@ -245,6 +269,17 @@ def main() -> None:
     parser.add_argument("--text-words", type=int, default=480)
     parser.add_argument("--burst", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="read each stream to its end (one reused connection, each request on an idle "
+        "engine); by default a request stops at its first content, as TTFT needs",
+    )
+    parser.add_argument(
+        "--fresh-connections",
+        action="store_true",
+        help="open a new connection for every request, also when draining",
+    )
     parser.add_argument(
         "--watch-dir",
         type=Path,

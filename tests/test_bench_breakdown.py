@@ -3,7 +3,9 @@ shows up once in each stage it passes, and nothing else moves between the two sc
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -48,3 +50,35 @@ def test_one_video_appears_once_in_every_stage_it_passes(vllm_server):
     # no request in between: a second breakdown over the same scrape is empty
     after = ttft_gap.stage_sums(vllm_server.metrics_text())
     assert ttft_gap.breakdown(after, after) == {}
+
+
+def _chat_ports(log: Path) -> list[str]:
+    """The client ports of the server's access-log lines for chat requests, in order."""
+    lines = log.read_text(errors="replace").splitlines()
+    return [ln.split()[1].rsplit(":", 1)[1] for ln in lines if '"POST /v1/chat/completions' in ln]
+
+
+@pytest.mark.parametrize(
+    "drain, fresh, connections", [(False, False, 2), (True, False, 1), (True, True, 2)]
+)
+def test_sequential_probes_reuse_one_connection_only_when_draining(
+    vllm_server, drain, fresh, connections
+):
+    """The gap probe's default stops reading at the first content, which closes the connection,
+    so with several API servers each request may land on another one; --drain keeps one, unless
+    --fresh-connections asks for a new one each time."""
+    url = f"{vllm_server.base_url}/chat/completions"
+    body = ttft_gap.chat_body(vllm_server.model, "hello there", stream=True)
+
+    async def two() -> list[float]:
+        async with ttft_gap.probe_client(fresh) as client:
+            return [await ttft_gap.ttft(client, url, body, drain) for _ in range(2)]
+
+    seen = len(_chat_ports(vllm_server.log_path))
+    assert all(ms > 0 for ms in asyncio.run(two()))
+    deadline = time.monotonic() + 10  # the second line is logged as its response starts
+    while (
+        len(ports := _chat_ports(vllm_server.log_path)[seen:]) < 2 and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert len(ports) == 2 and len(set(ports)) == connections, ports
