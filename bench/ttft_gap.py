@@ -9,8 +9,8 @@ gap (median of n after 3 warm-ups); a burst sends k videos at once and reports t
 their TTFTs. TTFT = first streamed content delta, measured by an httpx client on the same host.
 A request stops reading at its first content, which closes its connection, so the next one
 opens a new connection while the server still generates the rest; `--drain` reads each stream
-to its end (one reused connection, each request on an idle engine), `--fresh-connections`
-then opens a new connection each time all the same.
+to its end (one reused connection, each request on an idle engine); with `--fresh-connections`
+as well, each request still opens its own connection.
 
 Where the time went, per phase (the sequential videos, each warm burst): the server's /metrics
 before and after, as mean ms per observation of each stage (the plugin's media stages and encoder
