@@ -716,20 +716,19 @@ probe)
   cd "$REPO"
   python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
     --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
+  gap=(python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20
+    --video-codec "${VIDEO_CODEC:-mpeg4}")
   # --watch-dir: which kernels compile during each phase (the ~1 s burst stalls of the ninth
   # and tenth sittings; tenth sitting's NOTES, section 3)
-  python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-    --video-codec "${VIDEO_CODEC:-mpeg4}" --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
+  "${gap[@]}" --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
     --watch-dir "$HOME/.cache/vllm" --out "$OUT/$name-ttft.json" || echo "ttft gap: exit $?"
   # The same sequence with each stream read to its end (each request on an idle engine), over
   # one reused connection and over a new one each time: with 8 API servers 1-5 of 20 single
   # requests ran 40-65 ms slow, with one none (thirty-fifth sitting's NOTES, item 7), and the
   # probe above opens a new connection per request. ~5 s each.
-  for fresh in "" --fresh-connections; do
-    python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20 \
-      --video-codec "${VIDEO_CODEC:-mpeg4}" --drain $fresh \
-      --out "$OUT/$name-ttft-drain${fresh:+-fresh}.json" || echo "ttft gap, drained $fresh: exit $?"
-  done
+  "${gap[@]}" --drain --out "$OUT/$name-ttft-drain.json" || echo "ttft gap, drained: exit $?"
+  "${gap[@]}" --drain --fresh-connections --out "$OUT/$name-ttft-drain-fresh.json" ||
+    echo "ttft gap, drained over fresh connections: exit $?"
   ;;
 sweep)
   # the SLO sweep with the metrics around it and the log excerpt (measure's second half)
