@@ -816,7 +816,20 @@ packed)
   mkdir -p "$OUT"
   if [[ -n "${PACK_WITHIN_S:-}" ]]; then
     # servers the step started run on (setsid): `stop PORT` in the next call
-    timeout -k 10 "$PACK_WITHIN_S" bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $? (PACK_WITHIN_S=$PACK_WITHIN_S)"
+    marker="/tmp/packed-$name.start"
+    touch "$marker"
+    rc=0
+    timeout -k 10 "$PACK_WITHIN_S" bash "$REPO/bench/gpu/h200.sh" "$@" || rc=$?
+    if ((rc)); then
+      echo "$1: exit $rc (PACK_WITHIN_S=$PACK_WITHIN_S)"
+      # A step cut before finish_server leaves its servers' logs behind: pack them as they are,
+      # so a cut call still says how far the start got (the thirty-sixth sitting's first H200
+      # came back empty after a 292 s cold start).
+      find /tmp -maxdepth 1 -name 'vllm-*.log' -newer "$marker" | while read -r log; do
+        base="$(basename "$log" .log)"
+        [[ -e "$OUT/${base#vllm-}-server.log" ]] || cp "$log" "$OUT/${base#vllm-}-server-cut.log"
+      done
+    fi
   else
     bash "$REPO/bench/gpu/h200.sh" "$@" || echo "$1: exit $?"
   fi
