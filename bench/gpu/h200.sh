@@ -883,6 +883,10 @@ config-steps)
     fi
   fi
   finish_server "$name" "$port"
+  # How large the host's compile caches grew (vLLM's, inductor's, Triton's): whether carrying
+  # them to the next sitting could fit (64 MiB a call) and spare its cold start (~200-290 s).
+  du -sh "$HOME/.cache/vllm" "/tmp/torchinductor_$(whoami)" "$HOME/.triton/cache" 2>/dev/null |
+    tee "$OUT/$name-cache-sizes.txt" || true
   ;;
 chart-args)
   echo "$CHART_ARGS"
