@@ -199,8 +199,13 @@ stop_server() {
 }
 
 # finish_server NAME PORT: its whole log into $OUT, then stop it (the next one may reuse the port).
+# NAME's server log into $OUT as NAME-server$SUFFIX.log, as it is now.
+save_server_log() {
+  cp "/tmp/vllm-$1.log" "$OUT/$1-server${2:-}.log" 2>/dev/null || true
+}
+
 finish_server() {
-  cp "/tmp/vllm-$1.log" "$OUT/$1-server.log" 2>/dev/null || true
+  save_server_log "$1"
   stop_server "$2"
 }
 
@@ -826,8 +831,8 @@ packed)
       # so a cut call still says how far the start got (the thirty-sixth sitting's first H200
       # came back empty after a 292 s cold start).
       find /tmp -maxdepth 1 -name 'vllm-*.log' -newer "$marker" | while read -r log; do
-        base="$(basename "$log" .log)"
-        [[ -e "$OUT/${base#vllm-}-server.log" ]] || cp "$log" "$OUT/${base#vllm-}-server-cut.log"
+        server="$(basename "$log" .log)" && server="${server#vllm-}"
+        [[ -e "$OUT/$server-server.log" ]] || save_server_log "$server" -cut
       done
     fi
   else
