@@ -287,7 +287,11 @@ def test_volumes_shm_metrics_and_cache():
     assert "emptyDir" in volumes["metrics-multiproc"]
     assert multiproc.startswith(mounts["metrics-multiproc"] + "/")
     assert volumes["model-cache"]["persistentVolumeClaim"]["claimName"] == f"{FULLNAME}-model-cache"
-    assert env_of(container)["HF_HOME"]["value"].startswith(mounts["model-cache"] + "/")
+    env = env_of(container)
+    # the weights and every compile cache survive a restart: vLLM's (which also takes inductor's
+    # and Triton's for its own compile) and inductor's default, where the plugin's encoder compiles
+    for name in ("HF_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+        assert env[name]["value"].startswith(mounts["model-cache"] + "/"), name
     pvc = one(docs, "PersistentVolumeClaim", "model-cache")
     assert pvc["metadata"]["name"] == f"{FULLNAME}-model-cache"
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
