@@ -19,6 +19,13 @@ CPU and blocked); stages a server does not export are left out.
 
     python bench/ttft_gap.py --between before.txt after.txt   # the same breakdown, saved scrapes
 
+Which API-server process took each request (same host as the server): `--multiproc-dir DIR`,
+vLLM's multiprocess metrics directory (PROMETHEUS_MULTIPROC_DIR), holds one set of files per
+process id; the process whose first-token count grew took the request. Each sequential request
+then records that process and what it had served before (requests, videos), and the run records
+what every process had served when the probe began (how far the warm-up reached), so a slow
+request can be checked against being its process's first.
+
 What compiled while it ran (same host as the server): `--watch-dir ~/.triton/cache --watch-dir
 /tmp/torchinductor_$USER` records, per phase, the files that appeared in those compile caches, so
 a stall at a batch mix the server had not run before (a Triton kernel specialised anew at serving
@@ -37,6 +44,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from slo_loadtest.media import VIDEO_CODECS, write_video
@@ -126,6 +134,69 @@ class CompileWatch:
             self.phases[phase] = {"new_files": len(new), "kernels": kernels}
 
 
+# per process: sample name (a histogram's _count) and the labels it must have
+PROCESS_COUNTS = {
+    "requests": ("vllm:time_to_first_token_seconds_count", {}),
+    "videos": ("gemma4_media_preprocess_seconds_count", {"stage": "video_decode"}),
+}
+
+
+def process_counts(directory: Path) -> dict[int, dict[str, float]]:
+    """What each process has served, from its own files in a multiprocess metrics directory
+    (`counter_<pid>.db`, `histogram_<pid>.db`, ...); processes that served nothing (the engine
+    core, an idle API server) are left out."""
+    files: dict[int, list[str]] = {}
+    for path in directory.glob("*.db"):
+        pid = path.stem.rsplit("_", 1)[-1]
+        if pid.isdigit():
+            files.setdefault(int(pid), []).append(str(path))
+    counts: dict[int, dict[str, float]] = {}
+    for pid, paths in files.items():
+        got = dict.fromkeys(PROCESS_COUNTS, 0.0)
+        for family in MultiProcessCollector.merge(paths, accumulate=True):
+            for sample in family.samples:
+                for key, (name, labels) in PROCESS_COUNTS.items():
+                    if sample.name == name and labels.items() <= sample.labels.items():
+                        got[key] += sample.value
+        if any(got.values()):
+            counts[pid] = got
+    return counts
+
+
+class ProcessWatch:
+    """Which process took each sequential request: the one whose first-token count grew since
+    the last look (a request is counted when its first token is sent, so by the time the probe
+    has read it). Without a directory it records nothing."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self.at_start = process_counts(directory) if directory else {}
+        self._last = self.at_start
+
+    def took(self) -> dict | None:
+        """{"pid", "requests_before", "videos_before"} for the request just read; None without
+        a directory or when not exactly one process's count grew (the request is not placed)."""
+        if self.directory is None:
+            return None
+        now = process_counts(self.directory)
+        last, self._last = self._last, now
+        zero = dict.fromkeys(PROCESS_COUNTS, 0.0)
+        moved = {
+            pid: c["requests"] - last.get(pid, zero)["requests"]
+            for pid, c in now.items()
+            if c["requests"] != last.get(pid, zero)["requests"]
+        }
+        if list(moved.values()) != [1.0]:
+            return None
+        (pid,) = moved
+        before = last.get(pid, zero)
+        return {
+            "pid": pid,
+            "requests_before": before["requests"],
+            "videos_before": before["videos"],
+        }
+
+
 async def scrape(client: httpx.AsyncClient, target: str) -> Sums:
     resp = await client.get(target.rstrip("/") + "/metrics")
     resp.raise_for_status()
@@ -202,6 +273,9 @@ async def run(args: argparse.Namespace) -> dict:
         "fresh_connections": args.fresh_connections,
     }
     watch = CompileWatch(args.watch_dir)
+    processes = ProcessWatch(args.multiproc_dir)
+    if args.multiproc_dir:  # what the warm-up and anything before reached, per process
+        results["processes_at_start"] = {str(p): c for p, c in processes.at_start.items()}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         n_videos = 3 + args.n + sum(args.burst) * 2
@@ -216,14 +290,20 @@ async def run(args: argparse.Namespace) -> dict:
                 await ttft(client, url, _body(args.model, text), d)
                 await ttft(client, url, _body(args.model, video_content.pop()), d)
             watch.mark("warm-up")
-            text_ms = [await ttft(client, url, _body(args.model, text), d) for _ in range(args.n)]
+            processes.took()  # the sequences' requests are placed from here on
+            text_ms, text_took = [], []
+            for _ in range(args.n):
+                text_ms.append(await ttft(client, url, _body(args.model, text), d))
+                text_took.append(processes.took())
             watch.mark("text, one at a time")
             before = await scrape(client, args.target)
-            video_ms = [
-                await ttft(client, url, _body(args.model, video_content.pop()), d)
-                for _ in range(args.n)
-            ]
+            video_ms, video_took = [], []
+            for _ in range(args.n):
+                video_ms.append(await ttft(client, url, _body(args.model, video_content.pop()), d))
+                video_took.append(processes.took())
             watch.mark("video, one at a time")
+            if args.multiproc_dir:
+                results["text_processes"], results["video_processes"] = text_took, video_took
             results["video_stages"] = breakdown(before, await scrape(client, args.target))
             results["text_ttft_ms"] = {"p50": statistics.median(text_ms), "all": text_ms}
             results["video_ttft_ms"] = {"p50": statistics.median(video_ms), "all": video_ms}
@@ -249,6 +329,28 @@ async def run(args: argparse.Namespace) -> dict:
                 }
     results["compiled"] = watch.phases if args.watch_dir else None
     return results
+
+
+def first_in_process_summary(results: dict) -> str:
+    """One line: how far the warm-up reached, and whether the slow sequential requests (more
+    than 20 ms above their sequence's median) were each their process's first of the kind."""
+    start = results["processes_at_start"]
+    line = (
+        f"processes before the probe: {len(start)} had served requests, "
+        f"{sum(1 for c in start.values() if c['videos'])} videos"
+    )
+    for kind, key in (("text", "requests_before"), ("video", "videos_before")):
+        ms = results[f"{kind}_ttft_ms"]["all"]
+        took = results[f"{kind}_processes"]
+        slow = [t for m, t in zip(ms, took, strict=True) if m > statistics.median(ms) + 20]
+        placed = [t for t in slow if t is not None]
+        first = sum(1 for t in placed if t[key] == 0)
+        spread = len({t["pid"] for t in took if t})
+        line += (
+            f"; {kind}: {len(slow)} slow, of which {first} of {len(placed)} placed were their "
+            f"process's first {kind} (taken by {spread} processes)"
+        )
+    return line
 
 
 def main() -> None:
@@ -287,6 +389,12 @@ def main() -> None:
         default=[],
         help="a compile cache to watch (Triton's, Inductor's); repeatable",
     )
+    parser.add_argument(
+        "--multiproc-dir",
+        type=Path,
+        help="the server's PROMETHEUS_MULTIPROC_DIR (same host): record which API-server "
+        "process took each sequential request",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.between:
@@ -310,6 +418,8 @@ def main() -> None:
     ]
     for phase, stages in phases:
         print(f"  {phase}: " + ", ".join(f"{k} {v['mean_ms']:.1f}" for k, v in stages.items()))
+    if args.multiproc_dir:
+        print("  " + first_in_process_summary(results))
     for phase, new in (results["compiled"] or {}).items():
         print(f"  compiled during {phase}: {new['new_files']} files, kernels {new['kernels']}")
     if args.out:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 import media
 import stack
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import ttft_gap
 
 pytestmark = pytest.mark.e2e
 
@@ -137,3 +143,28 @@ def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
         assert re.search(rf"\(ApiServer_{n_api} pid=\d+\) .*gemma4 media: installed", log)
     # the chart's GEMMA4_MEDIA_UINT8=on (test_manifests pins it) reached both processes
     assert "uint8 pixel values received" in log
+
+    # Each process's own files hold its share, and the shares add up to what /metrics sums; the
+    # gap probe's --multiproc-dir places each sequential request on the API server that took it
+    api_pids = {int(p) for p in re.findall(r"\(ApiServer_\d pid=(\d+)\)", log)}
+    shares = ttft_gap.process_counts(server.metrics_dir)
+    assert set(shares) <= api_pids  # the engine core serves no request itself
+    assert sum(c["videos"] for c in shares.values()) == n
+    assert sum(c["requests"] for c in shares.values()) == n
+    watch = ttft_gap.ProcessWatch(server.metrics_dir)
+    body = ttft_gap.chat_body(server.model, "hello there", stream=True)
+
+    async def sequence() -> list[dict | None]:
+        took = []
+        async with ttft_gap.probe_client(fresh_connections=True) as client:
+            for _ in range(4):
+                await ttft_gap.ttft(client, f"{server.base_url}/chat/completions", body)
+                took.append(watch.took())
+        return took
+
+    took = asyncio.run(sequence())
+    assert all(t is not None and t["pid"] in api_pids for t in took), took
+    for t in took:  # each placed request moved its process's count on by one
+        share = shares.setdefault(t["pid"], {"requests": 0.0, "videos": 0.0})
+        assert share["requests"] == t["requests_before"], (t, shares)
+        share["requests"] += 1

@@ -8,7 +8,11 @@
 #                                           only: runs while the wheelhouse is still being staged)
 #   bench/gpu/h200.sh install               join + install the wheelhouse and .whl/*.whl into /tmp/site
 #                                           (and the model, unless prebuild is building it: waits;
-#                                           INSTALL_MODEL=0: wheels only, the next install the model)
+#                                           INSTALL_MODEL=0: wheels only, the next install the model);
+#                                           a carried .cache/gpu/compile-caches.tgz is unpacked first
+#   bench/gpu/h200.sh save-caches           the host's compile caches (vLLM's, inductor's, Triton's)
+#                                           packed as $OUT/compile-caches.tgz (~12 MB), to carry
+#                                           into the next sitting's install (see bench/README)
 #   bench/gpu/h200.sh verify                encoder bit identity only (no timing; safe beside a cold start)
 #   bench/gpu/h200.sh graph-ranges          GEMMA4_ENGINE_GRAPH_RANGES' buffer in vLLM's compiled Triton
 #                                           attention, bitwise against vLLM's range tensor, and
@@ -252,6 +256,15 @@ install)
   # INSTALL_MODEL=0: the wheels only (CPU work, e.g. while a background GPU probe runs); a later
   # `install` then only builds the model.
   t0=$(date +%s)
+  # An earlier sitting's compile caches, carried beside the last part: a server then loads
+  # vLLM's AOT-compiled model and the plugin's compiled encoder instead of compiling them
+  # (thirty-seventh sitting, one H100: healthy after 123 s warm against 211 s with empty caches)
+  if [[ -f "$REPO/.cache/gpu/compile-caches.tgz" && ! -e /tmp/caches-restored ]]; then
+    tar -xzf "$REPO/.cache/gpu/compile-caches.tgz" -C /
+    touch /tmp/caches-restored
+    echo "compile caches restored: $(du -sh "$HOME/.cache/vllm" "/tmp/torchinductor_$(whoami)" |
+      tr '\n\t' '  ')"
+  fi
   if [[ ! -e /tmp/site-installed ]]; then
     mkdir -p /tmp/wh
     cat /tmp/parts/part-* | tar -x -C /tmp/wh
@@ -721,8 +734,10 @@ probe)
   cd "$REPO"
   python3 bench/greedy_outputs.py --target "http://127.0.0.1:$port" --model "$SERVED" \
     --out "$OUT/$name-greedy.json" || echo "greedy outputs: exit $?"
+  # --multiproc-dir: which API-server process took each sequential request, and whether it was
+  # that process's first (the thirty-seventh's slow requests were first-time work; whose?)
   gap=(python3 bench/ttft_gap.py --target "http://127.0.0.1:$port" --model "$SERVED" --n 20
-    --video-codec "${VIDEO_CODEC:-mpeg4}")
+    --video-codec "${VIDEO_CODEC:-mpeg4}" --multiproc-dir "/tmp/prom-$name")
   # --watch-dir: which kernels compile during each phase (the ~1 s burst stalls of the ninth
   # and tenth sittings; tenth sitting's NOTES, section 3)
   "${gap[@]}" --burst 8,16 --watch-dir "$HOME/.triton/cache" --watch-dir "/tmp/torchinductor_$(whoami)" \
@@ -735,8 +750,7 @@ probe)
   "${gap[@]}" --drain --fresh-connections --out "$OUT/$name-ttft-drain-fresh.json" ||
     echo "ttft gap, drained over fresh connections: exit $?"
   # The first sequence again, as it was (a new connection each, not drained): slow requests that
-  # do not come back here were first-time work in an API server process (each process's first
-  # text request; GEMMA4_WARMUP's one text request reaches one process), not the connections.
+  # do not come back here were first-time work, not the connections (thirty-seventh sitting).
   "${gap[@]}" --out "$OUT/$name-ttft-again.json" || echo "ttft gap, again: exit $?"
   ;;
 sweep)
@@ -892,6 +906,19 @@ config-steps)
   # them to the next sitting could fit (64 MiB a call) and spare its cold start (~200-290 s).
   du -sh "$HOME/.cache/vllm" "/tmp/torchinductor_$(whoami)" "$HOME/.triton/cache" 2>/dev/null |
     tee "$OUT/$name-cache-sizes.txt" || true
+  ;;
+save-caches)
+  # paths relative to / so that `install` unpacks them where this host's processes look
+  caches=()
+  for d in "$HOME/.cache/vllm" "/tmp/torchinductor_$(whoami)" "$HOME/.triton/cache"; do
+    [[ -d "$d" ]] && caches+=("${d#/}")
+  done
+  if ((${#caches[@]} == 0)); then
+    echo "save-caches: no compile cache on this host yet (run a server first)" >&2
+    exit 1
+  fi
+  tar -czf "$OUT/compile-caches.tgz" -C / "${caches[@]}"
+  ls -la "$OUT/compile-caches.tgz"
   ;;
 chart-args)
   echo "$CHART_ARGS"
