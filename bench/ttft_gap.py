@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from gemma4_batched_encoder.api_processes import PROCESS_COUNTS, process_counts
 from slo_loadtest.media import VIDEO_CODECS, write_video
 
 # label in the breakdown -> (histogram name, label values it must have)
@@ -132,35 +132,6 @@ class CompileWatch:
         if new:
             kernels = sorted({p.stem for p in new if p.suffix in KERNEL_SUFFIXES})
             self.phases[phase] = {"new_files": len(new), "kernels": kernels}
-
-
-# per process: sample name (a histogram's _count) and the labels it must have
-PROCESS_COUNTS = {
-    "requests": ("vllm:time_to_first_token_seconds_count", {}),
-    "videos": ("gemma4_media_preprocess_seconds_count", {"stage": "video_decode"}),
-}
-
-
-def process_counts(directory: Path) -> dict[int, dict[str, float]]:
-    """What each process has served, from its own files in a multiprocess metrics directory
-    (`counter_<pid>.db`, `histogram_<pid>.db`, ...); processes that served nothing (the engine
-    core, an idle API server) are left out."""
-    files: dict[int, list[str]] = {}
-    for path in directory.glob("*.db"):
-        pid = path.stem.rsplit("_", 1)[-1]
-        if pid.isdigit():
-            files.setdefault(int(pid), []).append(str(path))
-    counts: dict[int, dict[str, float]] = {}
-    for pid, paths in files.items():
-        got = dict.fromkeys(PROCESS_COUNTS, 0.0)
-        for family in MultiProcessCollector.merge(paths, accumulate=True):
-            for sample in family.samples:
-                for key, (name, labels) in PROCESS_COUNTS.items():
-                    if sample.name == name and labels.items() <= sample.labels.items():
-                        got[key] += sample.value
-        if any(got.values()):
-            counts[pid] = got
-    return counts
 
 
 class ProcessWatch:

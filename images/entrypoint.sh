@@ -65,6 +65,16 @@ fi
 DONE_FILE="${GEMMA4_WARMUP_DONE_FILE:-/tmp/gemma4-warmup-done}"
 rm -f "$DONE_FILE" # an emptyDir outlives a container restart: never trust an old one
 read -r -a WARMUP_ARGS <<<"${GEMMA4_WARMUP_ARGS:-}"
+# The API servers the server runs (the last --api-server-count wins, as in vLLM's parser): the
+# warm-up checks through the metrics directory that it reached each one, since each process has
+# first-time work of its own (GEMMA4_WARMUP_ARGS come after, so they can override this)
+API_SERVERS=1
+for ((i = 0; i < ${#SERVE[@]}; i++)); do
+  case "${SERVE[i]}" in
+  --api-server-count=*) API_SERVERS="${SERVE[i]#*=}" ;;
+  --api-server-count | -asc) API_SERVERS="${SERVE[i + 1]:-1}" ;;
+  esac
+done
 (
   set -x
   exec "${SERVE[@]}"
@@ -76,7 +86,8 @@ trap 'kill -TERM "$server" 2>/dev/null || true' TERM INT
   py=""
   trap 'kill -TERM "$py" 2>/dev/null || true; exit 143' TERM # the server stopped first
   "${GEMMA4_WARMUP_PYTHON:-python3}" -m gemma4_batched_encoder.warmup \
-    --target "http://127.0.0.1:$PORT" "${WARMUP_ARGS[@]}" &
+    --target "http://127.0.0.1:$PORT" --api-servers "$API_SERVERS" \
+    --metrics-dir "$PROMETHEUS_MULTIPROC_DIR" "${WARMUP_ARGS[@]}" &
   py=$!
   rc=0
   wait "$py" || rc=$?

@@ -1,10 +1,12 @@
-"""images/entrypoint.sh with GEMMA4_WARMUP=1, serving real vLLM: the done file (the chart's
-startup probe) appears only after the warm-up's requests were served, a stale one from a previous
-container is never trusted, the server keeps serving, and a SIGTERM to the entrypoint alone (what
-the kubelet sends to PID 1) stops vLLM."""
+"""images/entrypoint.sh with GEMMA4_WARMUP=1, serving real vLLM with two API servers: the done
+file (the chart's startup probe) appears only after the warm-up's requests were served and each
+API server has decoded a video, a stale one from a previous container is never trusted, the
+server keeps serving, and a SIGTERM to the entrypoint alone (what the kubelet sends to PID 1)
+stops vLLM."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -12,9 +14,12 @@ import time
 import httpx
 import pytest
 
+from gemma4_batched_encoder.api_processes import process_counts
+
 pytestmark = pytest.mark.e2e
 
-WARMUP_ARGS = "--bursts 1,2 --image-bursts 2 --video-frames 2 --width 160 --height 120"
+# one video only: a second API server is reached by the warm-up's extra rounds, or not at all
+WARMUP_ARGS = "--bursts 1 --image-bursts 2 --video-frames 2 --width 160 --height 120"
 
 
 def successes(text: str) -> float:
@@ -34,14 +39,29 @@ def test_warmup_gates_the_done_file_and_sigterm_stops_vllm(vllm_server_factory, 
             "GEMMA4_WARMUP_DONE_FILE": str(done),
             "GEMMA4_WARMUP_ARGS": WARMUP_ARGS,
         },
+        args=["--api-server-count", "2"],
     )
     deadline = time.monotonic() + 180
     while done.read_text() if done.exists() else True:  # the stale file is removed at start
         assert time.monotonic() < deadline, server.log_path.read_text()[-3000:]
         time.sleep(0.5)
-    # text, an image, 1 video, 2 videos at once, 2 images at once: all served before the file
-    assert successes(server.metrics_text()) == 7
-    assert '"ok": true' in server.log_path.read_text()
+    log = server.log_path.read_text()
+    report = json.loads(next(ln for ln in log.splitlines() if ln.startswith('{"target"')))
+    assert report["ok"], report
+    # text, an image, 1 video, 2 images at once, then rounds of 2 videos and 2 texts at once
+    # until both API servers had decoded a video: all served before the file
+    reach = report["api_servers"]
+    assert reach["expected"] == 2 and reach["reached"] == 2 and reach["rounds"] >= 1, reach
+    assert [p["phase"] for p in report["phases"]] == [
+        "text",
+        "image",
+        "1 video at once",
+        "2 images at once",
+        *(f"reach round {r}: 2 videos and 2 texts at once" for r in range(1, reach["rounds"] + 1)),
+    ]
+    assert successes(server.metrics_text()) == 5 + 4 * reach["rounds"]
+    shares = process_counts(server.metrics_dir)
+    assert len(shares) == 2 and all(c["videos"] >= 1 for c in shares.values()), shares
     resp = httpx.post(
         f"{server.base_url}/chat/completions",
         json={

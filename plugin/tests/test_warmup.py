@@ -110,7 +110,10 @@ def test_requests_left_unanswered_fail_the_run(capsys):
     assert "warmup: text: 0 b'no answer:" in captured.err
 
 
-def test_bad_options_are_refused():
+@pytest.mark.parametrize(
+    "argv", [["--bursts", "0,2"], ["--api-servers", "0"], ["--reach-rounds", "-1"]]
+)
+def test_bad_options_are_refused(argv):
     with pytest.raises(SystemExit) as exc:
-        warmup.main(["--bursts", "0,2"])
+        warmup.main(argv)
     assert exc.value.code == 2

@@ -14,6 +14,14 @@ order: one text request, one image, then for each burst size k, k videos at once
 then images at once (default 2 and 16: an image is one range, another constexpr value). Unique
 pixels per request; 10 output tokens.
 
+With several API servers each process has first-time work of its own (on this 2-core CPU a
+process's first text request took 40-176 ms against a median of 19 without the warm-up), and
+which process takes a connection is up to the kernel. With `--api-servers N` and the server's
+multiprocess metrics directory (`--metrics-dir`, default $PROMETHEUS_MULTIPROC_DIR; the
+entrypoint passes both), the warm-up then checks that every API server has decoded a video and,
+while some has not, sends N videos and N text requests at once (at most `--reach-rounds`
+times); the JSON line says how many it reached.
+
 Exits 0 when every request got a 200, 1 otherwise (the server answered but refused something:
 its reasons are printed), 2 when the server did not come up in --wait seconds. Prints one JSON
 line with each phase's wall time. The image's entrypoint runs it before the pod turns Ready
@@ -30,8 +38,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from .noise_media import data_url, jpeg_bytes, mp4_bytes
@@ -101,9 +110,8 @@ def chat_body(model: str, content: list[dict[str, Any]] | str) -> dict[str, Any]
     }
 
 
-def phases(args: argparse.Namespace, model: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """(name, request bodies sent at once) in order; each phase's media is made only when it
-    is due (16 noise videos of 854x480 are tens of MB as data URLs)."""
+def media_maker(args: argparse.Namespace, model: str) -> Callable[[str], dict[str, Any]]:
+    """A request body with one new noise image or video (unique pixels each call)."""
     seeds = itertools.count(1)
 
     def media(kind: str) -> dict[str, Any]:
@@ -116,7 +124,18 @@ def phases(args: argparse.Namespace, model: str) -> Iterator[tuple[str, list[dic
         part = {"type": f"{kind}_url", f"{kind}_url": {"url": url}}
         return chat_body(model, [{"type": "text", "text": "describe"}, part])
 
-    yield "text", [chat_body(model, "warm up " * 100)]
+    return media
+
+
+TEXT = "warm up " * 100
+
+
+def phases(
+    args: argparse.Namespace, model: str, media: Callable[[str], dict[str, Any]]
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(name, request bodies sent at once) in order; each phase's media is made only when it
+    is due (16 noise videos of 854x480 are tens of MB as data URLs)."""
+    yield "text", [chat_body(model, TEXT)]
     yield "image", [media("image")]
     for kind, bursts in (("video", args.bursts), ("image", args.image_bursts)):
         for k in bursts:
@@ -135,13 +154,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     report: dict[str, Any] = {"target": args.target, "model": model, "phases": []}
     failures: list[str] = []
-    for name, bodies in phases(args, model):
+
+    def send(name: str, bodies: list[dict[str, Any]]) -> None:
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
             results = list(pool.map(lambda b: client.post("/v1/chat/completions", b), bodies))
         seconds = time.monotonic() - t0
         bad = [f"{name}: {status} {body[:300]!r}" for status, body in results if status != 200]
-        failures += bad
+        failures.extend(bad)
         report["phases"].append(
             {
                 "phase": name,
@@ -150,11 +170,48 @@ def run(args: argparse.Namespace) -> int:
                 "failed": len(bad),
             }
         )
+
+    media = media_maker(args, model)
+    for name, bodies in phases(args, model, media):
+        send(name, bodies)
+    if args.api_servers > 1 and args.metrics_dir:
+        report["api_servers"] = reach_every_api_server(args, model, media, send)
     report["ok"] = not failures
     print(json.dumps(report), flush=True)
     for line in failures:
         print(f"warmup: {line}", file=sys.stderr)
+    reach = report.get("api_servers")
+    if reach and reach["reached"] < reach["expected"]:
+        print(
+            f"warmup: {reach['reached']} of {reach['expected']} API servers served a video "
+            f"after {reach['rounds']} extra rounds; the others do their first-time work on "
+            "users' requests",
+            file=sys.stderr,
+        )
     return 0 if not failures else 1
+
+
+def reach_every_api_server(
+    args: argparse.Namespace,
+    model: str,
+    media: Callable[[str], dict[str, Any]],
+    send: Callable[[str, list[dict[str, Any]]], None],
+) -> dict[str, int]:
+    """Rounds of N videos and N text requests at once until each of the N API servers has
+    decoded a video (or served a request, where the media fast path records no decode)."""
+    from .api_processes import process_counts  # prometheus_client: only where vLLM is
+
+    n = args.api_servers
+    rounds = 0
+    while True:
+        counts = process_counts(args.metrics_dir)
+        key = "videos" if any(c["videos"] for c in counts.values()) else "requests"
+        reached = sum(1 for c in counts.values() if c[key])
+        if reached >= n or rounds == args.reach_rounds:
+            return {"expected": n, "reached": reached, "rounds": rounds}
+        rounds += 1
+        bodies = [media("video") for _ in range(n)] + [chat_body(model, TEXT) for _ in range(n)]
+        send(f"reach round {rounds}: {n} videos and {n} texts at once", bodies)
 
 
 def _int_list(text: str) -> list[int]:
@@ -187,11 +244,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--width", type=int, default=854)
     parser.add_argument("--height", type=int, default=480)
+    parser.add_argument(
+        "--api-servers",
+        type=int,
+        default=1,
+        help="the server's --api-server-count: check that the warm-up reached each of them",
+    )
+    parser.add_argument(
+        "--metrics-dir",
+        type=Path,
+        default=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None,
+        help="the server's PROMETHEUS_MULTIPROC_DIR (same host), read per process",
+    )
+    parser.add_argument(
+        "--reach-rounds",
+        type=int,
+        default=4,
+        help="at most this many extra rounds to reach every API server",
+    )
     parser.add_argument("--wait", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     args = parser.parse_args(argv)
     if args.video_frames < 1 or args.width < 16 or args.height < 16:
         parser.error("--video-frames must be >= 1 and --width/--height >= 16")
+    if args.api_servers < 1 or args.reach_rounds < 0:
+        parser.error("--api-servers must be >= 1 and --reach-rounds >= 0")
     return run(args)
 
 
