@@ -3,9 +3,9 @@
 With several API servers (`--api-server-count`) every process writes its own metric files into
 PROMETHEUS_MULTIPROC_DIR (`counter_<pid>.db`, `histogram_<pid>.db`, ...) and /metrics sums them.
 Read per process id, they tell how far the warm-up reached (warmup.py: a process that has never
-served a video pays its first-time work on a user's request; +82 ms for a video on an H100,
-bench/results/h100/vllm-0.33.0-37-api-tail/NOTES.md) and which process took a request
-(bench/ttft_gap.py).
+served a request pays its first-time work on a user's; on this 2-core CPU a process's first text
+took 40-176 ms against 19 and its first video 117-282 against 102, bench/README.md) and which
+process took a request (bench/ttft_gap.py).
 """
 
 from __future__ import annotations
