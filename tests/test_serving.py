@@ -12,6 +12,7 @@ import pytest
 
 import media
 import stack
+from gemma4_batched_encoder.api_processes import process_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import ttft_gap
@@ -147,7 +148,7 @@ def test_several_api_servers_serve_video_and_share_metrics(vllm_server_factory):
     # Each process's own files hold its share, and the shares add up to what /metrics sums; the
     # gap probe's --multiproc-dir places each sequential request on the API server that took it
     api_pids = {int(p) for p in re.findall(r"\(ApiServer_\d pid=(\d+)\)", log)}
-    shares = ttft_gap.process_counts(server.metrics_dir)
+    shares = process_counts(server.metrics_dir)
     assert set(shares) <= api_pids  # the engine core serves no request itself
     assert sum(c["videos"] for c in shares.values()) == n
     assert sum(c["requests"] for c in shares.values()) == n
